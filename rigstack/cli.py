@@ -1,0 +1,59 @@
+"""Top-level wrapper shared by every entry point: one line for user errors, a traceback only with --debug."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from rigstack.errors import EXIT_BUG, EXIT_INTERRUPTED, UserError
+
+# Results go to stdout (so `--json` output stays clean); everything for humans goes to stderr.
+console = Console(stderr=True, highlight=False)
+
+
+def _log_traceback() -> str:
+    fd, path = tempfile.mkstemp(prefix="rigstack-crash-", suffix=".log")
+    with os.fdopen(fd, "w") as log:
+        traceback.print_exc(file=log)
+    return path
+
+
+def run(app: typer.Typer, argv: list[str] | None = None) -> int:
+    """Run a typer app and turn every failure into an exit code; entry points call only this."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    # --debug is consumed here, wherever it stands, so it works even when parsing the rest fails.
+    debug = "--debug" in args
+    args = [arg for arg in args if arg != "--debug"]
+    try:
+        result = app(args=args, standalone_mode=False, prog_name=Path(sys.argv[0]).name)
+    except UserError as error:
+        if debug:
+            console.print_exception()
+        console.print(f"[bold red]error:[/] {error}")
+        return error.exit_code
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted[/]")
+        return EXIT_INTERRUPTED
+    except (typer.Exit, SystemExit) as stop:
+        code = getattr(stop, "exit_code", None)
+        return int(code if code is not None else getattr(stop, "code", 0) or 0)
+    except typer.Abort:
+        return EXIT_INTERRUPTED
+    except Exception as error:  # noqa: BLE001 - the last line of defence: a bug, reported as one
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            return error.exit_code
+        if debug:
+            raise
+        console.print(f"[bold red]bug:[/] {type(error).__name__}: {error} (traceback in {_log_traceback()}; "
+                      "rerun with --debug to see it)")
+        return EXIT_BUG
+    return int(result or 0)

