@@ -1,0 +1,85 @@
+"""apply.py: apply the patch stack to a vLLM package (pinned wheel, Docker image, or a directory) with git."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rigstack import applier, cli
+from rigstack.baseline import parse_source
+from rigstack.errors import UserError
+from rigstack.report import print_json, print_stack_result, print_status
+from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
+from rigstack.versions import load_pins
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Apply rigstack's patch stack to vLLM. Add --debug anywhere for tracebacks.")
+
+FromOpt = Annotated[str, typer.Option("--from", help="wheel | wheel:cpu | image:REF | dir:PATH")]
+OutOpt = Annotated[Optional[Path], typer.Option(help="work folder for wheel/image sources [build/vllm-<version>]")]
+PatchesOpt = Annotated[Path, typer.Option(help="the patch folder")]
+UntilOpt = Annotated[Optional[str], typer.Option(help="apply patches up to and including this id")]
+OnlyOpt = Annotated[Optional[str], typer.Option(help="comma-separated ids to apply, nothing else")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
+PackageArg = Annotated[Path, typer.Argument(help="a patched vllm package folder")]
+
+
+def _run(source: str, out: Optional[Path], patches: Path, until: Optional[str], only: Optional[str], as_json: bool,
+         dry_run: bool) -> int:
+    stack, notes = load_stack(patches).select(until, tuple(filter(None, (only or "").split(","))))
+    result = applier.apply_stack(parse_source(source), stack, load_pins(), out=out, dry_run=dry_run,
+                                 notes=tuple(notes))
+    if as_json:
+        print_json(result.to_json())
+    print_stack_result(result, cli.console)
+    if result.error:
+        raise UserError(result.error)
+    return 0
+
+
+@app.command()
+def apply(source: FromOpt = "wheel", out: OutOpt = None, patches: PatchesOpt = DEFAULT_PATCHES_DIR,
+          until: UntilOpt = None, only: OnlyOpt = None, as_json: JsonOpt = False) -> int:
+    """Apply the stack (idempotent); the default fetches the pinned GPU wheel into build/."""
+    return _run(source, out, patches, until, only, as_json, dry_run=False)
+
+
+@app.command()
+def check(source: FromOpt = "wheel", out: OutOpt = None, patches: PatchesOpt = DEFAULT_PATCHES_DIR,
+          until: UntilOpt = None, only: OnlyOpt = None, as_json: JsonOpt = False) -> int:
+    """Report what apply would do; writes nothing."""
+    return _run(source, out, patches, until, only, as_json, dry_run=True)
+
+
+@app.command()
+def status(package: PackageArg, as_json: JsonOpt = False) -> int:
+    """What is applied to a package, from its stamp and git history."""
+    result = applier.status(package)
+    if as_json:
+        print_json(result)
+    else:
+        print_status(result, cli.console)
+    return 0
+
+
+@app.command()
+def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder for the patch files")] = Path(
+        "exported-patches")) -> int:
+    """Regenerate the patch files from the package's commits."""
+    for path in applier.export(package, to):
+        cli.console.print(f"wrote {path}")
+    return 0
+
+
+@app.command()
+def diff(package: PackageArg) -> int:
+    """Print the single combined diff of the stack against the baseline."""
+    sys.stdout.write(applier.combined_diff(package))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(app))

