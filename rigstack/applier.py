@@ -25,7 +25,7 @@ from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import SEPARATOR, Patch, Stack
 from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
-from rigstack.versions import Pins
+from rigstack.versions import FLAVOURS, Pins
 
 COMBINED_DIFF = "all-changes-vs-baseline.diff"
 JOURNAL = "applying.json"
@@ -247,11 +247,11 @@ def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
     flavour = match_flavour(printer.value, pins)
     if flavour and (expected is None or flavour == source.flavour):
         return flavour
-    guess = source.flavour or "gpu"
     if source.kind == "wheel" and not expected:
-        return guess  # nothing pinned yet: the wheel's sha256 already vouched for its content
+        return source.flavour  # type: ignore[return-value]  # nothing pinned yet: the sha256 vouched for it
+    flavours = (source.flavour,) if source.flavour else FLAVOURS
     raise UserError(f"{source.label} is not the pinned vLLM {pins.vllm_version} baseline: first difference "
-                    f"{first_difference(printer.files, guess, pins)}; start from a pristine package "
+                    f"{first_difference(printer.files, pins, flavours)}; start from a pristine package "
                     f"(`python apply.py apply --from wheel`)")
 
 
@@ -285,8 +285,9 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path, upstream_known: boo
     if forward.ok:
         offsets = _OFFSET.findall(forward.output)
         if offsets:
-            where = ", ".join(f"hunk {hunk} at line {line} (offset {delta})" for hunk, line, delta in offsets)
-            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}")
+            where = ", ".join(f"hunk {hunk} by {int(delta):+d}" for hunk, _, delta in offsets[:3])
+            more = f" and {len(offsets) - 3} more" if len(offsets) > 3 else ""
+            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}{more} lines")
         return PatchResult(patch.id, patch.file, "applied")
     if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
         detail = "its change is already in the baseline (looks upstreamed)" if upstream_known else \

@@ -102,19 +102,21 @@ def match_flavour(value: str, pins: Pins) -> str | None:
     return next((flavour for flavour in FLAVOURS if pins.fingerprint(flavour) == value), None)
 
 
-def first_difference(files: dict[str, str], flavour: str, pins: Pins) -> str:
-    """Name the first file that differs from the pinned wheel's RECORD, for a 'wrong baseline' error."""
-    _, wheel_name, _ = pins.wheel(flavour)
-    wheel = wheels_dir() / wheel_name
-    if not wheel.is_file():
-        return f"(fetch the pinned wheel with `python apply.py check --from wheel{':cpu' if flavour == 'cpu' else ''}` " \
-               "to name the differing file)"
-    expected = _record_hashes(wheel)
-    for path in sorted(set(expected) | set(files)):
-        if expected.get(path) != files.get(path):
-            state = "missing" if path not in files else "extra" if path not in expected else "changed"
-            return f"{PACKAGE}/{path} ({state})"
-    return "(no file differs from the wheel's RECORD; the pinned fingerprint may be stale)"
+def first_difference(files: dict[str, str], pins: Pins, flavours: tuple[str, ...] = FLAVOURS) -> str:
+    """Name the first file that differs from the closest pinned wheel's RECORD, for a 'wrong baseline' error."""
+    best: list[str] | None = None
+    for flavour in flavours:
+        wheel = wheels_dir() / pins.wheel(flavour)[1]
+        if not wheel.is_file():
+            continue
+        expected = _record_hashes(wheel)
+        differences = [f"{PACKAGE}/{path} ({'missing' if path not in files else 'extra' if path not in expected else 'changed'})"
+                       for path in sorted(set(expected) | set(files)) if expected.get(path) != files.get(path)]
+        if best is None or len(differences) < len(best):
+            best = differences
+    if best is None:
+        return "(fetch the pinned wheel with `python apply.py check --from wheel` to name the differing file)"
+    return best[0] if best else "(no file differs from the wheel's RECORD; the pinned fingerprint may be stale)"
 
 
 def _record_hashes(wheel: Path) -> dict[str, str]:

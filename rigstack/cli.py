@@ -35,7 +35,8 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     except UserError as error:
         if debug:
             console.print_exception()
-        console.print(f"[bold red]error:[/] {error}")
+        # soft_wrap: the message stays one line however narrow the terminal, so it can be grepped and pasted.
+        console.print(f"[bold red]error:[/] {error}", soft_wrap=True)
         return error.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")
@@ -54,6 +55,6 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
         if debug:
             raise
         console.print(f"[bold red]bug:[/] {type(error).__name__}: {error} (traceback in {_log_traceback()}; "
-                      "rerun with --debug to see it)")
+                      "rerun with --debug to see it)", soft_wrap=True)
         return EXIT_BUG
     return int(result or 0)
