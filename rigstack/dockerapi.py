@@ -22,12 +22,12 @@ def connect() -> docker.DockerClient:
     return client
 
 
-def local_image(client: docker.DockerClient, ref: str):  # noqa: ANN201 - docker.models.images.Image
+def local_image(client: docker.DockerClient, ref: str, fix: str | None = None):  # noqa: ANN201 - an Image
     try:
         return client.images.get(ref)
     except docker.errors.ImageNotFound:
-        raise UserError(f"image {ref} is not present locally; pull it (`docker pull {ref}`) or load/import it "
-                        "(`docker load -i FILE.tar`)") from None
+        fix = fix or f"pull it (`docker pull {ref}`) or load/import it (`docker load -i FILE.tar`)"
+        raise UserError(f"image {ref} is not present locally; {fix}") from None
 
 
 @contextmanager

@@ -43,6 +43,13 @@ class ApplyOutcome:
     output: str
 
 
+@dataclass(frozen=True)
+class MergeOutcome:
+    tree: str  # the merged tree; conflicted files hold diff3-style markers
+    conflicted: tuple[str, ...]  # package-relative paths git could not merge
+    messages: tuple[str, ...]  # git's own lines ("CONFLICT (content): Merge conflict in ...")
+
+
 class PackageRepo:
     """git with GIT_DIR beside the package and the package as the work tree."""
 
@@ -163,6 +170,79 @@ class PackageRepo:
 
     def message(self, commit: str) -> str:
         return self.run("log", "-1", "--format=%B", commit)
+
+    # --- porting (rigstack/port.py): two baselines and two lines of patch commits in one history ---
+
+    def import_commit(self, files: Iterator[tuple[str, int, bytes]], message: str, ref: str) -> str:
+        """fast-import one root commit holding `files` and point `ref` at it (BRANCH is only the import's name)."""
+        self.run("update-ref", "-d", BRANCH)  # fast-import will not move an existing branch to an unrelated commit
+        with self.fast_import() as stream:
+            stream.commit(files, message)
+        commit = self.rev(BRANCH)
+        assert commit is not None
+        self.run("update-ref", ref, commit)
+        self.run("update-ref", "-d", BRANCH)
+        return commit
+
+    def cherry_merge(self, base: str, ours_tree: str, theirs: str, labels: tuple[str, str]) -> MergeOutcome:
+        """A cherry-pick done in the object store: 3-way merge of `theirs` onto `ours_tree` with `base` as the merge
+        base (git 2.39's merge-tree has no --merge-base, so a commit of ours_tree on top of base makes base the only
+        common ancestor). Rename detection follows files that moved on either side; the work tree is not touched."""
+        ours = self.commit_tree(ours_tree, base, "port: merge side\n")
+        refs = [f"refs/heads/{label}" for label in labels]  # conflict markers are labelled with these names
+        for ref, commit in zip(refs, (ours, theirs)):
+            self.run("update-ref", ref, commit)
+        try:
+            status, out, err = self._git.execute(
+                ["git", "-c", "merge.conflictStyle=diff3", "-c", "merge.renames=true", "merge-tree", "--write-tree",
+                 *labels], env=self._env, with_extended_output=True, with_exceptions=False,
+                strip_newline_in_stdout=False)
+        finally:
+            for ref in refs:
+                self.run("update-ref", "-d", ref)
+        if status not in (0, 1):
+            raise UserError(f"git merge-tree failed in {self.git_dir}: {_text(err)[:300]}")
+        lines = out.splitlines()
+        conflicted: list[str] = []
+        rest = lines[1:]
+        while rest and rest[0]:
+            conflicted.append(rest.pop(0).split("\t", 1)[1])
+        messages = tuple(line for line in rest if line)
+        return MergeOutcome(lines[0].strip(), tuple(dict.fromkeys(conflicted)), messages)
+
+    def blob_text(self, treeish: str, path: str) -> str | None:
+        """A file's text at a commit or tree, or None when it has no such file."""
+        try:
+            return self.run("cat-file", "blob", f"{treeish}:{path}", check=False)
+        except git.GitCommandError:
+            return None
+
+    def lay_tree(self, tree: str) -> None:
+        """Make the index and the work tree hold `tree`, discarding edits (only files that differ are written)."""
+        self.run("read-tree", "-u", "--reset", tree)
+
+    def stage_work_tree(self) -> str:
+        """The tree of the work tree as it is now (the user's edits included)."""
+        self.run("add", "-A")
+        return self.run("write-tree").strip()
+
+    def applies_to(self, tree: str, patch_file: Path, *extra: str) -> ApplyOutcome:
+        """Would a patch apply to `tree`? Checked against a scratch index; nothing is written."""
+        with tempfile.TemporaryDirectory(prefix="rigstack-index-") as tmp:
+            index = Path(tmp) / "index"
+            self.read_tree_into(index, tree)
+            return self.apply_to_index(patch_file, index, "--check", *extra)
+
+
+def checkout_revision(root: Path) -> tuple[str, str]:
+    """A git checkout's origin URL and commit (with -dirty when it has changes), for provenance labels."""
+    try:
+        repo = git.Repo(root)
+        source = next((remote.url for remote in repo.remotes if remote.name == "origin"), f"file://{root}")
+        revision = repo.head.commit.hexsha + ("-dirty" if repo.is_dirty() else "")
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
+        return f"file://{root}", "unknown"
+    return source, revision
 
 
 class _FastImport:

@@ -12,6 +12,8 @@ import pytest
 
 from rigstack.cache import cache_dir
 
+pytest_plugins = ["tests.fixtures_server"]
+
 # Resolved once, before any test moves HOME: downloads (wheels, tiny models) are shared across runs and with CI.
 REAL_CACHE = cache_dir()
 os.environ["RIGSTACK_CACHE"] = str(REAL_CACHE)

