@@ -271,6 +271,7 @@ def _commit_series(repo: PackageRepo, start: str, patches: tuple[Patch, ...] | l
                 return results, parent, _failure_message(patch, result)
             tree = repo.write_tree(index)
             parent = repo.commit_tree(tree, parent, commit_message(patch, result.status))
+        _refuse_symlinked_paths(repo, start, parent)
         broken = _compile_errors(repo, parent, patches)
         if broken:
             patch_id, message = broken
@@ -313,6 +314,16 @@ def _failure_message(patch: Patch, result: PatchResult) -> str:
     advice = "Run `python apply.py port` or refresh the patch" if result.status in ("fuzz", "conflict") \
         else "Check the baseline or drop the patch"
     return f"patch {patch.file}: {result.detail}. {advice}; nothing was written."
+
+
+def _refuse_symlinked_paths(repo: PackageRepo, old: str, new: str) -> None:
+    """A file the stack writes must not sit under a symlink: the write would land outside the package."""
+    root = repo.package.resolve()
+    for path in repo.changed_files(old, new):
+        parent = (repo.package / path).parent
+        if parent.exists() and not parent.resolve().is_relative_to(root):
+            raise UserError(f"the stack writes vllm/{path}, but {parent} is a symlink out of the package; "
+                            "remove the link or the patch")
 
 
 def _compile_errors(repo: PackageRepo, commit: str, patches) -> tuple[str, str] | None:  # noqa: ANN001

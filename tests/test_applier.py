@@ -163,6 +163,18 @@ def test_paths_outside_the_package_are_refused_before_writing(cpu_package: Path,
     _assert_untouched(cpu_package, before)
 
 
+def test_writing_through_a_symlink_out_of_the_package_is_refused(cpu_package: Path, patch_maker, tmp_path: Path,
+                                                                  pins) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (cpu_package / "linked").symlink_to(outside)
+    folder = tmp_path / "patches"
+    patch_maker.write(folder, "0001-through-link.patch", {"linked/evil.py": "X = 1\n"})
+    with pytest.raises(UserError, match="symlink out of the package"):
+        _apply(cpu_package, folder, pins)
+    assert list(outside.iterdir()) == [] and not state_dir_for(cpu_package).exists()
+
+
 def test_symlinks_are_refused(tmp_path: Path) -> None:
     folder = tmp_path / "patches"
     folder.mkdir()
