@@ -14,7 +14,7 @@ from rich.console import Console
 from rigstack.errors import EXIT_BUG, EXIT_INTERRUPTED, UserError
 
 # Results go to stdout (so `--json` output stays clean); everything for humans goes to stderr.
-console = Console(stderr=True, highlight=False)
+console = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _log_traceback() -> str:

@@ -1,0 +1,160 @@
+"""What the pinned vLLM knows: its serve flags (its real argument parser, built without booting), its env var
+names, and whether the patched modules import. One subprocess of the package's own interpreter learns all three
+(10-20 s, most of it importing vLLM); the answer is cached under the rigstack cache, keyed by the package's files
+(path, size, mtime of every .py: a 50 ms walk, where hashing the contents would cost 0.25 s on every run)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rigstack.cache import cache_dir
+
+SCRIPT_VERSION = 2
+TIMEOUT_S = 180  # importing vLLM on a busy 2-core box takes 15-60 s
+
+# Runs inside the package's interpreter: stdlib only, and vLLM.
+_SCRIPT = r"""
+import importlib, json, sys
+out = {"flags": {}, "env": [], "imports": {}, "missing": {}, "version": None, "error": None}
+for name in json.loads(sys.argv[1]):
+    try:
+        importlib.import_module(name)
+        out["imports"][name] = None
+    except BaseException as error:  # an import can fail in any way, SystemExit included
+        out["imports"][name] = (type(error).__name__ + ": " + str(error)).splitlines()[0][:300]
+        if isinstance(error, ModuleNotFoundError) and error.name:
+            out["missing"][name] = error.name
+try:
+    import vllm, vllm.envs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    out["version"] = getattr(vllm, "__version__", None)
+    out["env"] = sorted(vllm.envs.environment_variables)
+    for action in make_arg_parser(FlexibleArgumentParser())._actions:
+        for option in action.option_strings:
+            if option.startswith("--"):
+                out["flags"][option[2:]] = {"takes_value": action.nargs != 0,
+                                            "choices": [str(c) for c in action.choices] if action.choices else None}
+except BaseException as error:
+    out["error"] = (type(error).__name__ + ": " + str(error)).splitlines()[0][:300]
+sys.stdout.write("\n@@RIGSTACK@@" + json.dumps(out))
+"""
+_MARK = "@@RIGSTACK@@"
+
+
+@dataclass(frozen=True)
+class Flag:
+    takes_value: bool
+    choices: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Knowledge:
+    flags: dict[str, Flag] = field(default_factory=dict)
+    env: frozenset[str] = frozenset()
+    imports: dict[str, str | None] = field(default_factory=dict)  # module -> None, or the error line
+    missing: dict[str, str] = field(default_factory=dict)  # module -> the module it needs that is not installed
+    version: str | None = None
+    error: str | None = None  # why vLLM's flags could not be read
+    cached: bool = False
+
+    @property
+    def broken(self) -> dict[str, str]:
+        return {name: error for name, error in self.imports.items() if error}
+
+
+def find_package() -> Path | None:
+    """The vllm package this interpreter would import (found, not imported: importing takes seconds)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def interpreter(package: Path) -> tuple[str, dict[str, str]]:
+    """The Python that owns the package (a venv's or the image's), else this one with the package put first."""
+    site = package.parent
+    if site.name in ("site-packages", "dist-packages"):
+        root = site.parent.parent.parent
+        for name in ("python", "python3"):
+            if (root / "bin" / name).exists():
+                return str(root / "bin" / name), {}
+    return sys.executable, {"PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+
+
+def quick_fingerprint(package: Path) -> str:
+    digest = hashlib.sha256()
+    for folder, dirs, files in os.walk(package):
+        dirs.sort()
+        for name in sorted(files):
+            if name.endswith(".py") or name.endswith(".json"):
+                stat = os.stat(os.path.join(folder, name))
+                digest.update(f"{os.path.relpath(folder, package)}/{name}:{stat.st_size}:{stat.st_mtime_ns}\n"
+                              .encode())
+    return digest.hexdigest()
+
+
+def module_names(touched_files: list[str]) -> list[str]:
+    """Package-relative .py paths -> importable module names ("parser/glm47_moe.py" -> "vllm.parser.glm47_moe")."""
+    names = []
+    for path in touched_files:
+        if path.endswith(".py"):
+            parts = ["vllm", *path[:-3].split("/")]
+            if parts[-1] == "__init__":
+                parts.pop()
+            names.append(".".join(parts))
+    return sorted(set(names))
+
+
+def _cache_file(package: Path, python: str, modules: list[str]) -> Path:
+    key = hashlib.sha256(json.dumps([SCRIPT_VERSION, str(package.resolve()), python, modules,
+                                     quick_fingerprint(package)]).encode()).hexdigest()[:24]
+    return cache_dir() / "preflight" / f"vllm-{key}.json"
+
+
+def _parse(data: dict, cached: bool) -> Knowledge:
+    flags = {name: Flag(info["takes_value"], tuple(info["choices"]) if info["choices"] else None)
+             for name, info in data["flags"].items()}
+    return Knowledge(flags, frozenset(data["env"]), data["imports"], data["missing"], data["version"], data["error"],
+                     cached)
+
+
+def load(package: Path | None, modules: list[str] | None = None) -> Knowledge:
+    if package is None:
+        return Knowledge(error="no vllm package found; pass --package PATH")
+    modules = sorted(modules or [])
+    python, extra_env = interpreter(package)
+    cache = _cache_file(package, python, modules)
+    if cache.is_file():
+        try:
+            return _parse(json.loads(cache.read_text()), cached=True)
+        except (ValueError, KeyError):
+            pass  # a damaged cache entry is rebuilt below
+    env = {**os.environ, **extra_env, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
+    try:
+        done = subprocess.run([python, "-c", _SCRIPT, json.dumps(modules)], capture_output=True, text=True,
+                              timeout=TIMEOUT_S, env=env, cwd=cache_dir() if cache_dir().is_dir() else None)
+    except subprocess.TimeoutExpired:
+        return Knowledge(error=f"{python} took over {TIMEOUT_S} s to import vllm")
+    except OSError as error:
+        return Knowledge(error=f"cannot run {python} ({error.strerror})")
+    if _MARK not in done.stdout:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
+        return Knowledge(error=f"{python} exited {done.returncode}: {tail}")
+    data = json.loads(done.stdout.rsplit(_MARK, 1)[1])
+    knowledge = _parse(data, cached=False)
+    if knowledge.error is None and set(knowledge.broken) <= set(knowledge.missing):
+        # Only a clean answer is kept (bar dependencies absent from this environment, which a rerun will not
+        # conjure up): any other failure may come from the environment and is retried next run.
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, cache)
+    return knowledge

@@ -1,0 +1,219 @@
+"""Checks of the weights against the profile: config shape, files and size, partition, KV room, disk."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
+from rigstack.profiles import TINY_PREFIX, Shape, Weights, model_dir
+
+GIB = 1024**3
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+# A download that stopped early still has its config.json; below this share of the expected size it is partial.
+SIZE_LOW, SIZE_HIGH = 0.9, 1.15
+
+
+def read_config(folder: Path | None) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / "config.json").read_text()) if folder else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _field(config: dict[str, Any], name: str) -> Any:
+    """Multimodal configs keep the language model's shape under text_config."""
+    if name in config:
+        return config[name]
+    return (config.get("text_config") or {}).get(name)
+
+
+def shape_mismatches(shape: Shape, config: dict[str, Any]) -> list[str]:
+    wrong = []
+    for name, want in shape.model_dump(exclude_none=True).items():
+        have = _field(config, name)
+        if name == "architectures":
+            if not set(want) & set(have or ()):
+                wrong.append(f"architectures {have} (want one of {list(want)})")
+        elif have != want:
+            wrong.append(f"{name} {have} (want {want})")
+    return wrong
+
+
+def weight_files(folder: Path) -> list[Path]:
+    return [path for path in folder.iterdir() if path.suffix in WEIGHT_SUFFIXES and path.is_file()]
+
+
+def _missing_shards(folder: Path) -> list[str]:
+    index = folder / "model.safetensors.index.json"
+    if not index.is_file():
+        return []
+    try:
+        listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+    except ValueError:
+        return [index.name]
+    return sorted(name for name in listed if not (folder / name).is_file())
+
+
+def check_weights(what: str, weights: Weights, folder: Path | None, config: dict[str, Any] | None) -> Result:
+    if folder is None or not folder.is_dir():
+        where = folder or weights.path
+        if weights.path.startswith(TINY_PREFIX) and folder == model_dir(weights, build=False):
+            return fail(f"the tiny model is not built yet ({where})",
+                        f"python scripts/make_tiny_model.py --kind {weights.path.removeprefix(TINY_PREFIX)}")
+        return fail(f"{what} folder {where} not found",
+                    f"download {weights.source or 'the weights'} to {where}, or pass --model PATH")
+    if config is None:
+        return fail(f"{folder}/config.json is missing or not JSON", f"re-download {weights.source or what}")
+    wrong = shape_mismatches(weights.shape, config)
+    if wrong:
+        return fail(f"{what} config.json does not match the profile: {'; '.join(wrong)}",
+                    "point the profile (or --model) at the checkpoint it was written for")
+    files = weight_files(folder)
+    missing = _missing_shards(folder)
+    if not files or missing:
+        gone = f"{len(missing)} shard(s) in the index missing, first {missing[0]}" if missing else "no weight files"
+        return fail(f"{what} in {folder}: {gone}", f"finish the download of {weights.source or what}")
+    total = sum(path.stat().st_size for path in files) / GIB
+    if weights.size_gib:
+        if total < weights.size_gib * SIZE_LOW:
+            return fail(f"{what} weights are {total:.3g} GiB, expected about {weights.size_gib:g} (partial download?)",
+                        f"finish the download of {weights.source or what}")
+        if total > weights.size_gib * SIZE_HIGH:
+            return warn(f"{what} weights are {total:.3g} GiB, expected about {weights.size_gib:g}",
+                        "check that this is the checkpoint the profile names")
+    return passed(f"{what} shape matches; {len(files)} weight file(s), {total:.3g} GiB")
+
+
+@check("model")
+def model(ctx: Context) -> Result:
+    return check_weights("model", ctx.profile.model, ctx.model, ctx.model_config)
+
+
+@check("drafter")
+def drafter(ctx: Context) -> Result:
+    weights = ctx.profile.drafter
+    if weights is None:
+        return skip("no drafter")
+    folder = model_dir(weights, build=False)
+    return check_weights("drafter", weights, folder, read_config(folder))
+
+
+def layer_count(ctx: Context) -> int | None:
+    config = ctx.model_config
+    have = _field(config, "num_hidden_layers") if config else None
+    return have if isinstance(have, int) else ctx.profile.model.shape.num_hidden_layers
+
+
+@check("partition")
+def partition(ctx: Context) -> Result:
+    parallel = ctx.profile.parallel
+    if parallel.pp == 1:
+        return skip("no pipeline parallel")
+    stages = parallel.partition
+    if stages is None:
+        return passed(f"PP{parallel.pp} with vLLM's even split")
+    if len(stages) != parallel.pp:
+        return fail(f"partition has {len(stages)} stages for PP{parallel.pp}", "give one layer count per stage")
+    if any(n <= 0 for n in stages):
+        return fail(f"partition {list(stages)} has an empty stage", "give every stage at least one layer")
+    layers = layer_count(ctx)
+    if layers is None:
+        return skip("layer count unknown (no config.json, no model.shape.num_hidden_layers)")
+    if sum(stages) != layers:
+        return fail(f"partition {','.join(map(str, stages))} sums to {sum(stages)}, the model has {layers} layers",
+                    "make parallel.partition add up to num_hidden_layers")
+    return passed(f"{len(stages)} stages, {','.join(map(str, stages))} = {layers} layers")
+
+
+# --- KV room: a first estimate from bytes per token per layer; a full planner comes later ---------------------
+
+_FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
+
+
+def kv_bytes_per_token(ctx: Context) -> int | None:
+    kv, config = ctx.profile.kv, ctx.model_config
+    per_layer = kv.bytes_per_token_per_layer
+    if per_layer is None:
+        if not config:
+            return None
+        heads = _field(config, "num_key_value_heads") or _field(config, "num_attention_heads")
+        head_dim = _field(config, "head_dim") or (_field(config, "hidden_size") or 0) // max(
+            _field(config, "num_attention_heads") or 1, 1)
+        if not heads or not head_dim:
+            return None
+        width = 1 if ctx.profile.vllm.get("kv-cache-dtype") in _FP8_KV else 2
+        per_layer = 2 * heads * head_dim * width  # K and V
+    layers = kv.layers or layer_count(ctx)
+    return (per_layer + kv.extra_bytes_per_token_per_layer) * layers if layers else None
+
+
+def _weights_gib(ctx: Context) -> float | None:
+    if ctx.model is not None and ctx.model.is_dir():
+        return sum(path.stat().st_size for path in weight_files(ctx.model)) / GIB
+    return ctx.profile.model.size_gib
+
+
+def kv_budget_gib(ctx: Context) -> tuple[float, str] | None:
+    """GiB left for KV after weights, and how it was worked out."""
+    profile = ctx.profile
+    if profile.flavour == "cpu":
+        space = ctx.env_value("VLLM_CPU_KVCACHE_SPACE")
+        return (float(space), f"VLLM_CPU_KVCACHE_SPACE={space} GiB") if space else None
+    weights = _weights_gib(ctx)
+    if weights is None:
+        return None
+    cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:profile.parallel.gpus_per_replica]]
+    per_card = min(cards) if len(cards) == profile.parallel.gpus_per_replica else profile.hardware.memory_gib
+    if not per_card:
+        return None
+    util = float(profile.vllm.get("gpu-memory-utilization", 0.9))
+    on_gpu = weights - (profile.offload.host_gib if profile.offload else 0)
+    cards_n = profile.parallel.gpus_per_replica
+    budget = cards_n * (per_card * util - profile.kv.reserve_gib_per_gpu) - on_gpu
+    return budget, f"{cards_n} x {per_card:.0f} GiB x {util:g} - {on_gpu:.0f} GiB weights"
+
+
+@check("kv-room")
+def kv_room(ctx: Context) -> Result:
+    flags = ctx.profile.vllm
+    max_len, seqs = flags.get("max-model-len"), int(flags.get("max-num-seqs", 1))
+    if not isinstance(max_len, int):
+        return skip("no max-model-len in the profile")
+    per_token, budget = kv_bytes_per_token(ctx), kv_budget_gib(ctx)
+    if per_token is None or budget is None:
+        return skip("not enough known to estimate (weights size, KV bytes per token or VLLM_CPU_KVCACHE_SPACE)")
+    gib, how = budget
+    pool = int(max(gib, 0) * GIB / per_token)
+    line = f"~{pool:,} tokens of KV ({how}; {per_token:,} B/token)"
+    if pool < max_len:
+        return fail(f"{line} cannot hold one {max_len:,}-token request",
+                    "lower max-model-len, use an fp8 KV cache, or add cards")
+    if pool < max_len * seqs:
+        return warn(f"{line}: {pool // max_len} of {seqs} sequences fit at full length",
+                    "fine for mixed lengths; lower max-num-seqs if every request is long")
+    return passed(f"{line} >= {seqs} x {max_len:,}")
+
+
+def _existing_parent(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+@check("disk")
+def disk(ctx: Context) -> Result:
+    if ctx.model is not None and ctx.model.is_dir() and weight_files(ctx.model):
+        return skip("weights already on disk")
+    size = ctx.profile.model.size_gib
+    target = ctx.model or Path(ctx.profile.model.path)
+    if not size:
+        return skip("profile gives no model.size_gib")
+    free = shutil.disk_usage(_existing_parent(target)).free / GIB
+    if free < size:
+        return fail(f"{free:.0f} GiB free at {_existing_parent(target)}, the weights need {size:g} GiB",
+                    "free disk space or download the weights to another disk and pass --model PATH")
+    return passed(f"{free:.0f} GiB free for {size:g} GiB of weights")

@@ -1,0 +1,112 @@
+"""Run every registered check on one profile, print the results, and turn them into an exit code."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from rigstack.errors import UserError
+from rigstack.preflight import hardware, host, model, package, settings  # noqa: F401 - registers the checks
+from rigstack.preflight.core import CHECKS, Context, Result, Status, fail
+from rigstack.preflight.knowledge import find_package
+from rigstack.preflight.nvml import scan
+from rigstack.profiles import Profile, list_profiles, load_profile, model_dir, read_yaml, resolve_path, resolved_dict
+
+EXIT_OK, EXIT_WARN, EXIT_FAIL = 0, 1, 2
+_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+out = Console(highlight=False, soft_wrap=True)  # results on stdout; rigstack.cli's console is for errors
+
+
+def _package(path: Path | None) -> Path | None:
+    if path is None:
+        return find_package()
+    if not (path / "__init__.py").is_file():
+        raise UserError(f"--package {path} is not a python package folder (no __init__.py); pass the vllm/ folder")
+    return path
+
+
+def run_checks(profile: Profile, *, model: Path | None = None, package: Path | None = None,
+               environ: dict[str, str] | None = None) -> list[Result]:
+    ctx = Context(profile, model=model or model_dir(profile.model, build=False), package=_package(package))
+    if environ is not None:
+        ctx.environ = environ
+    ordered = [entry for entry in CHECKS if not entry[2]] + [entry for entry in CHECKS if entry[2]]
+    results = []
+    for name, function, _slow in ordered:
+        try:
+            result = function(ctx)
+        except UserError as error:
+            result = fail(str(error), "fix what it names")
+        results.append(replace(result, check=name))
+    return results
+
+
+def exit_code(results: list[Result], strict: bool) -> int:
+    statuses = {result.status for result in results}
+    if Status.FAIL in statuses:
+        return EXIT_FAIL
+    return EXIT_WARN if strict and Status.WARN in statuses else EXIT_OK
+
+
+def _print(profile: Profile, results: list[Result], seconds: float) -> None:
+    width = max(len(result.check) for result in results)
+    for result in results:
+        out.print(f"[{_STYLE[result.status]}]{result.status.value}[/] {result.check:<{width}}  {result.reason}",
+                  markup=True)
+        if result.fix and result.status in (Status.FAIL, Status.WARN):
+            out.print(f"     {'':<{width}}  fix: {result.fix}", markup=False)
+    counts = ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
+    out.print(f"{profile.name}: {counts} ({seconds:.1f} s)", markup=False)
+
+
+def run_preflight(profile_name: str, *, model: Path | None = None, package: Path | None = None,
+                  as_json: bool = False, strict: bool = False) -> int:
+    start = time.perf_counter()
+    profile = load_profile(profile_name)
+    results = run_checks(profile, model=model, package=package)
+    code = exit_code(results, strict)
+    if as_json:
+        print(json.dumps({"profile": profile.name, "exit_code": code,
+                          "results": [result.as_json() for result in results]}, indent=2))
+    else:
+        _print(profile, results, time.perf_counter() - start)
+    return code
+
+
+def list_fits(as_json: bool = False) -> int:
+    """Every profile, and whether it fits this host's GPUs (like a catalogue of compatible profiles)."""
+    gpus = scan()
+    rows = []
+    for name in list_profiles():
+        profile = load_profile(name)
+        rows.append((profile, hardware.fit(profile, gpus)))
+    if as_json:
+        print(json.dumps([{"name": p.name, "gpus": p.gpus_needed, "fits": r.status is Status.PASS,
+                           "reason": r.reason, "description": p.description} for p, r in rows], indent=2))
+        return EXIT_OK
+    host_line = ", ".join(sorted({g.name for g in gpus.gpus})) or gpus.problem or "no GPU"
+    table = Table(title=f"profiles (this host: {len(gpus.gpus)} GPU(s): {host_line})", title_justify="left")
+    for column in ("profile", "GPUs", "fits", "description"):
+        table.add_column(column)
+    for profile, result in rows:
+        fits = "[green]yes[/]" if result.status is Status.PASS else "[dim]no[/]"
+        table.add_row(profile.name, str(profile.gpus_needed), fits, profile.description)
+    out.print(table)
+    return EXIT_OK
+
+
+def show(name: str, resolved: bool) -> int:
+    """The profile file as written, or merged with everything it extends (and validated)."""
+    if resolved:
+        out.print(yaml.safe_dump(resolved_dict(load_profile(name)), sort_keys=False), markup=False, end="")
+    else:
+        path = resolve_path(name)
+        read_yaml(path)  # refuses broken YAML with file and line
+        out.print(path.read_text(), markup=False, end="")
+    return EXIT_OK

@@ -1,0 +1,44 @@
+"""Port, /dev/shm and host RAM checks, each fed a profile asking for what this host does not have."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+from pf_support import assert_status, context, profile_at
+
+from rigstack.preflight import host
+from rigstack.preflight.core import Status
+
+
+def test_port_in_use_fails(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        profile = profile_at(tmp_path, f"extends: cpu-tiny\nport: {port}\n")
+        assert_status(host.port(context(profile)), Status.FAIL, f"port {port} on 127.0.0.1 is in use")
+    assert_status(host.port(context(profile)), Status.PASS, f"port {port} free")
+
+
+def test_replicas_check_every_port(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        profile = profile_at(tmp_path, f"extends: rtxpro6000-tp2-replicas\nhost: 127.0.0.1\nport: {port - 1}\n")
+        assert_status(host.port(context(profile)), Status.FAIL, f"port {port} on 127.0.0.1 is in use")
+
+
+def test_small_shm_fails(tmp_path: Path) -> None:
+    profile = profile_at(tmp_path, "extends: cpu-tiny\nhardware:\n  shm_gib: 100000\n")
+    assert_status(host.shm(context(profile)), Status.FAIL, "/dev/shm has", "the profile wants 100000")
+    assert_status(host.shm(context("cpu-tiny")), Status.PASS)
+
+
+def test_host_ram(tmp_path: Path) -> None:
+    offload = profile_at(tmp_path, "extends: rtxpro6000-1x-offload\noffload:\n  host_gib: 100000\n")
+    assert_status(host.host_ram(context(offload)), Status.FAIL, "100000 GiB of experts are to live in host RAM")
+    big = profile_at(tmp_path, "extends: cpu-tiny\nhardware:\n  host_ram_gib: 100000\n", name="big")
+    assert_status(host.host_ram(context(big)), Status.WARN, "the profile was measured with 100000")
+    assert_status(host.host_ram(context("cpu-tiny")), Status.PASS, "GiB RAM available")

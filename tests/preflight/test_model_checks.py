@@ -1,0 +1,129 @@
+"""Model config shape, weight files and size, partition, KV room and disk: each fed a model folder or profile
+that is wrong in one way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from pf_support import assert_status, context, profile_at
+
+from rigstack.preflight import model
+from rigstack.preflight.core import Status
+
+TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4,
+               "vocab_size": 4106, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64}
+
+
+def model_folder(root: Path, config: dict | None = None, weights: dict[str, int] | None = None,
+                 index: list[str] | None = None) -> Path:
+    folder = root / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(TINY_CONFIG if config is None else config))
+    for name, size in (weights if weights is not None else {"model.safetensors": 8_930_000}).items():
+        with open(folder / name, "wb") as handle:
+            handle.truncate(size)  # sparse: the checks read sizes, not contents
+    if index is not None:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+            f"w{i}": name for i, name in enumerate(index)}}))
+    return folder
+
+
+def test_matching_model_passes(tmp_path: Path) -> None:
+    ctx = context("cpu-tiny", model=model_folder(tmp_path))
+    assert_status(model.model(ctx), Status.PASS, "shape matches; 1 weight file(s)")
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"hidden_size": 512}, ["hidden_size 512 (want 256)"]),
+    ({"architectures": ["LlamaForCausalLM"]}, ["architectures ['LlamaForCausalLM']"]),
+    ({"num_hidden_layers": 3, "vocab_size": 32000}, ["num_hidden_layers 3 (want 4)", "vocab_size 32000 (want 4106)"]),
+])
+def test_wrong_shape_fails(tmp_path: Path, change: dict, words: list[str]) -> None:
+    ctx = context("cpu-tiny", model=model_folder(tmp_path, {**TINY_CONFIG, **change}))
+    assert_status(model.model(ctx), Status.FAIL, "config.json does not match the profile", *words)
+
+
+def test_shape_read_from_text_config(tmp_path: Path) -> None:
+    nested = {"architectures": TINY_CONFIG["architectures"], "text_config": TINY_CONFIG}
+    assert_status(model.model(context("cpu-tiny", model=model_folder(tmp_path, nested))), Status.PASS)
+
+
+def test_missing_or_partial_weights_fail(tmp_path: Path) -> None:
+    assert_status(model.model(context("cpu-tiny", model=tmp_path / "nowhere")), Status.FAIL,
+                  f"model folder {tmp_path}/nowhere not found")
+    (tmp_path / "a").mkdir()
+    empty = model_folder(tmp_path / "a", weights={})
+    assert_status(model.model(context("cpu-tiny", model=empty)), Status.FAIL, "no weight files")
+    (tmp_path / "b").mkdir()
+    shards = model_folder(tmp_path / "b", weights={"m-1.safetensors": 5_000_000},
+                          index=["m-1.safetensors", "m-2.safetensors"])
+    assert_status(model.model(context("cpu-tiny", model=shards)), Status.FAIL, "1 shard(s) in the index missing",
+                  "m-2.safetensors")
+    (tmp_path / "c").mkdir()
+    small = model_folder(tmp_path / "c", weights={"model.safetensors": 1_000_000})
+    assert_status(model.model(context("cpu-tiny", model=small)), Status.FAIL, "partial download")
+    (tmp_path / "d").mkdir()
+    broken = model_folder(tmp_path / "d")
+    (broken / "config.json").write_text("{not json")
+    assert_status(model.model(context("cpu-tiny", model=broken)), Status.FAIL, "missing or not JSON")
+
+
+def test_unbuilt_tiny_model_names_the_builder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path))
+    from rigstack.profiles import load_profile, model_dir
+
+    profile = load_profile("cpu-tiny")
+    result = model.model(context(profile, model=model_dir(profile.model, build=False)))
+    assert_status(result, Status.FAIL, "the tiny model is not built yet")
+    assert result.fix == "python scripts/make_tiny_model.py --kind dense"
+
+
+def test_drafter_is_checked_like_the_model(tmp_path: Path) -> None:
+    assert model.drafter(context("cpu-tiny")).status is Status.SKIP
+    result = model.drafter(context("cmp170hx-8x-pp8"))
+    assert_status(result, Status.FAIL, "drafter folder /data/models/GLM-5.3-Flash-DFlash2 not found")
+
+
+@pytest.mark.parametrize(("partition", "words"), [
+    ("[2, 1]", ["sums to 3, the model has 4 layers"]),
+    ("[4, 0]", ["has an empty stage"]),
+])
+def test_bad_partition_fails(tmp_path: Path, partition: str, words: list[str]) -> None:
+    profile = profile_at(tmp_path, f"extends: cpu-tiny-pp2\nparallel:\n  partition: {partition}\n")
+    assert_status(model.partition(context(profile, model=model_folder(tmp_path))), Status.FAIL, *words)
+
+
+def test_partition_passes_and_skips(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path)
+    assert_status(model.partition(context("cpu-tiny-pp2", model=folder)), Status.PASS, "2 stages, 3,1 = 4 layers")
+    assert model.partition(context("cpu-tiny", model=folder)).status is Status.SKIP
+    # Without the weights, the profile's own layer count is used: seed 002's partition adds up to 45.
+    assert_status(model.partition(context("cmp170hx-8x-pp8")), Status.PASS, "7,5,7,5,7,5,7,2 = 45 layers")
+
+
+def test_kv_room(tmp_path: Path) -> None:
+    folder = model_folder(tmp_path)
+    ok = model.kv_room(context("cpu-tiny", model=folder))
+    # 1 GiB of KV / (2 x 2 heads x 64 x 2 bytes x 4 layers) = 524,288 tokens
+    assert_status(ok, Status.PASS, "~524,288 tokens of KV", "2,048 B/token")
+    few = profile_at(tmp_path, "extends: cpu-tiny\nvllm:\n  max-model-len: 300000\n  max-num-seqs: 2\n")
+    assert_status(model.kv_room(context(few, model=folder)), Status.WARN, "1 of 2 sequences fit at full length")
+    none = profile_at(tmp_path, "extends: cpu-tiny\nvllm:\n  max-model-len: 600000\n", name="none")
+    assert_status(model.kv_room(context(none, model=folder)), Status.FAIL, "cannot hold one 600,000-token request")
+
+
+def test_kv_room_on_gpu_rigs_uses_the_seed_figures() -> None:
+    # Seed 003: 78 layers x (656 + 132) B; the 1M pool holds one full-length request of the eight.
+    result = model.kv_room(context("glm53-cmp170hx-pp8"))
+    assert_status(result, Status.WARN, "61,464 B/token", "1 of 8 sequences fit at full length")
+
+
+def test_disk_for_missing_weights(tmp_path: Path) -> None:
+    huge = profile_at(tmp_path, f"extends: cmp170hx-8x-pp8\nmodel:\n  path: {tmp_path}/w\n  size_gib: 1.0e+9\n")
+    assert_status(model.disk(context(huge, model=tmp_path / "w")), Status.FAIL, "the weights need 1e+09 GiB")
+    fits = profile_at(tmp_path, f"extends: cmp170hx-8x-pp8\nmodel:\n  path: {tmp_path}/w\n  size_gib: 0.001\n",
+                      name="fits")
+    assert_status(model.disk(context(fits, model=tmp_path / "w")), Status.PASS)
+    assert model.disk(context("cpu-tiny", model=model_folder(tmp_path))).status is Status.SKIP

@@ -1,0 +1,95 @@
+"""The stamp check against stamps that are wrong in one way, and the import check against a package whose patched
+module raises (run for real in a subprocess of this interpreter)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from pf_support import assert_status, context
+
+from rigstack.preflight import package
+from rigstack.preflight.core import Status
+from rigstack.stack import load_stack
+from rigstack.stamp import Stamp, StampedPatch, write_stamp
+from rigstack.versions import load_pins
+
+PINS = load_pins()
+STACK = load_stack()
+
+
+def fake_package(root: Path, **changes: object) -> Path:
+    pkg = root / "site" / "vllm"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    fields = {"tool_version": "0.1.0", "vllm_version": PINS.vllm_version, "flavour": "cpu", "source": "dir:x",
+              "baseline_fingerprint": PINS.fingerprint("cpu"), "baseline_commit": "0" * 40, "head_commit": "1" * 40,
+              "stack_hash": STACK.stack_hash,
+              "patches": tuple(StampedPatch(id=p.id, file=p.file, sha256=p.sha256, status="applied")
+                               for p in STACK.patches)}
+    write_stamp(pkg, Stamp(**{**fields, **changes}))
+    return pkg
+
+
+def stamp_result(pkg: Path | None, profile: str = "cpu-tiny"):  # noqa: ANN201
+    return package.stamp(context(profile, package=pkg, stack=STACK))
+
+
+def test_matching_stamp_passes(tmp_path: Path) -> None:
+    result = stamp_result(fake_package(tmp_path))
+    if PINS.fingerprint("cpu"):
+        assert_status(result, Status.PASS, f"{len(STACK.patches)} patches on the pinned baseline")
+    else:
+        assert_status(result, Status.WARN, "pins no cpu baseline fingerprint")
+
+
+def test_unstamped_package_fails(tmp_path: Path) -> None:
+    pkg = tmp_path / "vllm"
+    pkg.mkdir()
+    result = stamp_result(pkg)
+    assert_status(result, Status.FAIL, "was not patched by rigstack (no stamp)")
+    assert result.fix == f"python apply.py apply --from dir:{pkg}"
+    assert_status(stamp_result(None), Status.FAIL, "no vllm package found")
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"stack_hash": "sha256:" + "0" * 64}, ["stamped with another stack"]),
+    ({"flavour": "gpu"}, ["is the gpu build, profile cpu-tiny runs the cpu one"]),
+    ({"vllm_version": "0.31.0"}, ["package is vLLM 0.31.0, versions.env pins"]),
+    ({"patches": (StampedPatch(id="0001", file="0001-x.patch", sha256="0", status="conflict"),)},
+     ["patch 0001-x.patch is conflict in the stamp"]),
+])
+def test_wrong_stamp_fails(tmp_path: Path, changes: dict, words: list[str]) -> None:
+    assert_status(stamp_result(fake_package(tmp_path, **changes)), Status.FAIL, *words)
+
+
+def test_foreign_baseline_fails(tmp_path: Path) -> None:
+    if not PINS.fingerprint("cpu"):
+        pytest.skip("versions.env pins no cpu fingerprint yet")
+    result = stamp_result(fake_package(tmp_path, baseline_fingerprint="sha256:" + "f" * 64))
+    assert_status(result, Status.FAIL, "is not the pinned")
+
+
+def test_offset_patch_warns(tmp_path: Path) -> None:
+    if not PINS.fingerprint("cpu") or not STACK.patches:
+        pytest.skip("needs a pinned fingerprint and a patch")
+    patches = tuple(StampedPatch(id=p.id, file=p.file, sha256=p.sha256, status="offset" if i == 0 else "applied")
+                    for i, p in enumerate(STACK.patches))
+    assert_status(stamp_result(fake_package(tmp_path, patches=patches)), Status.WARN, "applied at an offset")
+
+
+def test_patched_module_that_raises_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path / "cache"))
+    touched = next((path for patch in STACK.patches for path in patch.touched_files if path.endswith(".py")), None)
+    if touched is None:
+        pytest.skip("the stack touches no python module")
+    pkg = tmp_path / "site" / "vllm"
+    module = pkg / touched
+    module.parent.mkdir(parents=True)
+    for folder in [pkg, *module.relative_to(pkg).parents]:
+        (pkg / folder / "__init__.py").touch()
+    module.write_text("raise RuntimeError('boom at import')\n")
+    name = "vllm." + touched[:-3].replace("/", ".")
+    result = package.imports(context("cpu-tiny", package=pkg))
+    assert_status(result, Status.FAIL, f"{name} does not import (1 of 1 broken): RuntimeError: boom at import")
+    assert not (tmp_path / "cache" / "preflight").exists()  # a failure is retried next run, never cached
