@@ -1,0 +1,161 @@
+"""Load the SM8x fallback modules by file path, with or without vLLM installed.
+
+The kernel modules of patches 0008-0010 import only torch and triton (and each
+other, relatively), so they can run where importing vLLM is impossible (a GPU
+machine without vLLM) or unwanted. Where the files come from:
+
+- a ``vllm`` package is importable (CI: the venv's package, patched in place;
+  patchtests: the patched or the pristine package on PYTHONPATH): its own files,
+  so a package that lacks the fallbacks fails these tests;
+- no ``vllm`` at all, or RIGSTACK_SM8X_SOURCE=patches: the patch stack itself,
+  new files from their hunks and changed files (the kpool module) from the
+  pinned copy in RIGSTACK_VLLM_BASE with the stack's hunks applied exactly.
+
+The files are copied into a private temporary package and imported from there
+without importing vllm. ``interpret=True`` imports a second copy whose Triton
+kernels run in Triton's CPU interpreter, which is how CI (no GPU) runs them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+import re
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PATCHES_DIR = ROOT / "patches"
+OPS = "vllm/v1/attention/ops/"
+KERNEL_MODULES = ("fp8_e4m3_sw", "triton_sparse_mla_sm8x", "triton_indexer_sm8x")
+KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+
+def _file_sections(patch_text: str) -> dict[str, list[str]]:
+    """Path -> the diff lines of that file (header lines included)."""
+    _, sep, body = patch_text.partition("\n---\n")
+    if not sep:  # not a patch (or one still being written): touches nothing
+        return {}
+    sections: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    for line in body.splitlines():
+        if line.startswith("diff --git a/"):
+            path = line.split(" b/", 1)[1]
+            current = sections.setdefault(path, [])
+        elif current is not None:
+            current.append(line)
+    return sections
+
+
+def _apply(base: list[str], diff: list[str]) -> list[str]:
+    """Apply one file's hunks exactly (no offset, no fuzz), like apply.py."""
+    out: list[str] = []
+    pos = 0
+    i = 0
+    while i < len(diff):
+        m = _HUNK.match(diff[i])
+        i += 1
+        if not m:
+            continue
+        start = int(m.group(1)) - (0 if m.group(2) == "0" else 1)
+        out.extend(base[pos:start])
+        pos = start
+        while i < len(diff) and not diff[i].startswith("@@"):
+            tag, text = diff[i][:1], diff[i][1:]
+            i += 1
+            if tag == "\\":
+                continue
+            if tag in (" ", "-"):
+                if base[pos] != text:
+                    raise ValueError(f"hunk context mismatch at line {pos + 1}: {text!r}")
+                pos += 1
+            if tag in (" ", "+"):
+                out.append(text)
+    return out + base[pos:]
+
+
+def installed_package() -> Path | None:
+    """The importable vllm package's folder, found without importing it."""
+    spec = importlib.util.find_spec("vllm")
+    return Path(spec.submodule_search_locations[0]) if spec and spec.submodule_search_locations else None
+
+
+def _base_dir() -> Path | None:
+    env = os.environ.get("RIGSTACK_VLLM_BASE")
+    return Path(env) if env else installed_package()
+
+
+def source(path: str) -> str:
+    """The text of package file ``path`` ("vllm/...") as these tests see it (see above)."""
+    package = installed_package()
+    if package is None or os.environ.get("RIGSTACK_SM8X_SOURCE") == "patches":
+        return patched_source(path)
+    file = package.parent / path
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} is missing: this vllm package lacks the SM8x fallbacks (patches 0008-0010)")
+    return file.read_text()
+
+
+def patched_source(path: str) -> str:
+    """The text of package file ``path`` ("vllm/...") after the whole stack."""
+    lines: list[str] | None = None
+    for patch in sorted(PATCHES_DIR.glob("[0-9][0-9][0-9][0-9]-*.patch")):
+        diff = _file_sections(patch.read_text()).get(path)
+        if diff is None:
+            continue
+        if lines is None:
+            if any(line.startswith("new file mode") for line in diff[:3]):
+                lines = []
+            else:
+                base = _base_dir()
+                if base is None or not (base.parent / path).is_file():
+                    raise FileNotFoundError(f"no pinned copy of {path}: set RIGSTACK_VLLM_BASE")
+                lines = (base.parent / path).read_text().splitlines()
+        lines = _apply(lines, diff)
+    if lines is None:
+        raise FileNotFoundError(f"no patch in {PATCHES_DIR} touches {path}")
+    return "\n".join(lines) + "\n"
+
+
+def _kpool_source() -> str:
+    # The one vLLM import of the patched kpool module becomes plain triton.
+    src = source(KPOOL)
+    src = src.replace("from vllm.triton_utils import tl, triton\n", "import triton\nimport triton.language as tl\n")
+    return src.replace("from vllm.v1.attention.ops.fp8_e4m3_sw import", "from .fp8_e4m3_sw import")
+
+
+def load(interpret: bool = False, with_kpool: bool = False) -> types.SimpleNamespace:
+    """Import the kernel modules (and optionally the patched kpool module)."""
+    sources = {name: source(OPS + name + ".py") for name in KERNEL_MODULES}
+    if with_kpool:
+        sources["kpool_compress"] = _kpool_source()
+    digest = hashlib.sha256(repr(sorted(sources.items())).encode()).hexdigest()[:12]
+    package = f"sm8x_ops_{'interp' if interpret else 'native'}_{digest}"
+    root = Path(tempfile.gettempdir()) / "rigstack-sm8x"
+    pkg_dir = root / package
+    pkg_dir.mkdir(parents=True, exist_ok=True)
+    (pkg_dir / "__init__.py").write_text("")
+    for name, text in sources.items():
+        target = pkg_dir / f"{name}.py"
+        if not target.exists() or target.read_text() != text:
+            tmp = target.with_suffix(".tmp")
+            tmp.write_text(text)
+            os.replace(tmp, target)
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    previous = os.environ.get("TRITON_INTERPRET")
+    # Triton decides interpreted-or-compiled when a kernel is decorated.
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
+        modules = {name: importlib.import_module(f"{package}.{name}") for name in sources}
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
+    return types.SimpleNamespace(**modules)
