@@ -43,6 +43,7 @@ class _Frozen(BaseModel):
 
 class Hardware(_Frozen):
     gpu_name: str | None = None  # regular expression, searched case-insensitively in NVML's device name
+    compute_capability: float | None = None  # e.g. 8.0 for the 170HX: below 9.0 the stack's SM8x fallbacks are needed
     memory_gib: float | None = None  # per card, at least (what the driver reports, after any unlock)
     link: str | None = None  # e.g. "pcie-gen2-x4": shown, and a reminder of what the numbers assume
     p2p: bool | None = None  # False: the rig has no peer-to-peer path, so TP across cards is off the table

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from rigstack.errors import UserError
-from rigstack.preflight.core import Context, Result, check, fail, passed, warn
+from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
 from rigstack.versions import load_pins
 
 GOOD_STATUSES = ("applied", "offset", "already-applied")
@@ -72,3 +72,29 @@ def imports(ctx: Context) -> Result:
                 "this cpu build") if absent else ""
     importable = len(knowledge.imports) - len(absent)
     return passed(f"vllm {knowledge.version} and {importable} patched module(s) import{cached}{gpu_only}")
+
+
+# What the SM8x fallbacks (patches 0008-0010) add, and below which compute capability each one is needed: vLLM 0.32.0
+# ranks sparse-MLA backends only for SM9x+ and stores FP8 from Triton only on sm_89+, so without them GLM-5.3(-Flash)
+# does not start ("No valid attention backend found").
+SM8X_FALLBACKS = {
+    "v1/attention/backends/mla/triton_mla_sparse.py": 9.0,
+    "v1/attention/ops/triton_sparse_mla_sm8x.py": 9.0,
+    "v1/attention/ops/triton_indexer_sm8x.py": 9.0,
+    "v1/attention/ops/fp8_e4m3_sw.py": 8.9,
+}
+
+
+@check("sm8x-fallbacks")
+def sm8x_fallbacks(ctx: Context) -> Result:
+    capability = ctx.profile.hardware.compute_capability
+    if capability is None or capability >= 9.0:
+        return skip("the rig's GPUs have sparse-MLA backends and FP8 upstream")
+    if ctx.package is None:
+        return fail("no vllm package found", "pass --package PATH (a patched vllm/ folder)")
+    missing = [path for path, below in SM8X_FALLBACKS.items() if capability < below and
+               not (ctx.package / path).is_file()]
+    if missing:
+        return fail(f"sm_{capability * 10:.0f} needs the SM8x fallbacks, but vllm/{missing[0]} is missing "
+                    f"({len(missing)} of {len(SM8X_FALLBACKS)} files)", f"python apply.py apply --from dir:{ctx.package}")
+    return passed(f"SM8x fallbacks present for sm_{capability * 10:.0f}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pf_support import assert_status, context
+from pf_support import assert_status, context, profile_at
 
 from rigstack.preflight import package
 from rigstack.preflight.core import Status
@@ -93,3 +93,32 @@ def test_patched_module_that_raises_fails(tmp_path: Path, monkeypatch: pytest.Mo
     result = package.imports(context("cpu-tiny", package=pkg))
     assert_status(result, Status.FAIL, f"{name} does not import (1 of 1 broken): RuntimeError: boom at import")
     assert not (tmp_path / "cache" / "preflight").exists()  # a failure is retried next run, never cached
+
+
+@pytest.mark.parametrize(("capability", "present", "status", "words"), [
+    (8.0, [], Status.FAIL, "sm_80 needs the SM8x fallbacks"),
+    (8.9, ["v1/attention/backends/mla/triton_mla_sparse.py", "v1/attention/ops/triton_sparse_mla_sm8x.py"],
+     Status.FAIL, "vllm/v1/attention/ops/triton_indexer_sm8x.py is missing"),
+    (8.9, list(package.SM8X_FALLBACKS)[:3], Status.PASS, "SM8x fallbacks present for sm_89"),
+    (8.0, list(package.SM8X_FALLBACKS), Status.PASS, "SM8x fallbacks present for sm_80"),
+    (12.0, [], Status.SKIP, "upstream"),
+])
+def test_sm8x_rigs_need_the_fallbacks(tmp_path: Path, capability: float, present: list[str], status: Status,
+                                     words: str) -> None:
+    pkg = fake_package(tmp_path)
+    for path in present:
+        (pkg / path).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / path).write_text("")
+    profile = profile_at(tmp_path, f"extends: cmp170hx-8x-pp8\nhardware:\n  compute_capability: {capability}\n")
+    assert_status(package.sm8x_fallbacks(context(profile, package=pkg)), status, words)
+
+
+def test_the_real_patched_package_has_the_fallbacks() -> None:
+    import vllm
+
+    pkg = Path(vllm.__file__).parent
+    result = package.sm8x_fallbacks(context("cmp170hx-8x-pp8", package=pkg))
+    if (pkg / "rigstack_stamp.json").is_file():
+        assert_status(result, Status.PASS, "SM8x fallbacks present for sm_80")
+    else:
+        assert_status(result, Status.FAIL, "needs the SM8x fallbacks")
