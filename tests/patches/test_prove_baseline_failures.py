@@ -1,0 +1,55 @@
+"""Every patch's tests pass on the patched package and fail on the pristine one (rigstack.patchtests), every CI run.
+
+CI sets RIGSTACK_PRISTINE_VLLM and RIGSTACK_PATCHED_VLLM to two vllm package folders (with their .so files): a
+pristine copy and the copy `apply.py apply --from dir:...` patched. Each proof runs the patch tests twice (slow).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rich.console import Console
+
+from rigstack import patchtests
+from rigstack.stack import load_stack
+from rigstack.versions import REPO_ROOT
+
+PRISTINE = os.environ.get("RIGSTACK_PRISTINE_VLLM")
+PATCHED = os.environ.get("RIGSTACK_PATCHED_VLLM")
+needs_patched = pytest.mark.skipif(not PATCHED, reason="set RIGSTACK_PATCHED_VLLM to a patched vllm package folder "
+                                                       "(CI does) to prove the patch tests")
+
+
+@needs_patched
+@pytest.mark.timeout(3600)  # two runs of every patch's tests on a 2-core box
+@pytest.mark.skipif(not PRISTINE, reason="set RIGSTACK_PRISTINE_VLLM to a pristine vllm package folder (CI does) to "
+                                         "prove the patch tests")
+def test_every_patch_passes_patched_and_fails_pristine() -> None:
+    proof = patchtests.prove(load_stack(), Path(PRISTINE), Path(PATCHED))
+    patchtests.print_proof(proof, Console(file=sys.stdout, width=160))
+    assert proof.patches
+    assert proof.ok, "; ".join(f"{p.patch_id}: {problem}" for p in proof.patches for problem in p.problems)
+
+
+@needs_patched
+def test_a_package_against_itself_proves_nothing() -> None:
+    # The proof must be able to fail: with the patched package as the "pristine" one, nothing fails there.
+    proof = patchtests.prove(load_stack(), Path(PATCHED), Path(PATCHED), only=("0001",))
+    (patch,) = proof.patches
+    assert not proof.ok
+    assert patch.patched_passed > 0 and patch.pristine_failed == 0
+    assert any("passes on the pristine package" in problem for problem in patch.problems)
+
+
+def test_cli_names_a_folder_that_is_not_a_package(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "scripts/prove_patch_tests.py", "--pristine", str(tmp_path),
+                           "--patched", str(tmp_path), "--only", "0001"],
+                          cwd=REPO_ROOT, capture_output=True, text=True)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ")
+    assert f"{tmp_path} is not a vllm package folder" in lines[0]
