@@ -19,45 +19,17 @@ import torch
 from torch import nn
 
 
-def _stub_missing_torchvision() -> None:
-    """glm5next imports GLM-4V's image processor, whose module imports
-    torchvision at the top; PyPI has no CPU torchvision for the test venv's
-    torch. Images are never processed here, so an empty module satisfies the
-    import (transformers has already cached torchvision as unavailable)."""
-    import importlib.util
-    import sys
-    import types
-
-    from transformers.utils import import_utils
-
-    if (
-        "torchvision" in sys.modules
-        or import_utils.is_torchvision_available()
-        or importlib.util.find_spec("torchvision")
-    ):
-        return
-    for name in (
-        "torchvision",
-        "torchvision.transforms",
-        "torchvision.transforms.v2",
-        "torchvision.transforms.v2.functional",
-    ):
-        sys.modules[name] = types.ModuleType(name)
-
-
-_stub_missing_torchvision()
-
-from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import (  # noqa: E402
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import (
     cleanup_dist_env_and_memory,
     ensure_model_parallel_initialized,
     init_distributed_environment,
 )
-from vllm.model_executor.layers.layernorm import RMSNorm  # noqa: E402
-from vllm.model_executor.layers.vocab_parallel_embedding import (  # noqa: E402
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
 )
-from vllm.models.glm5next.common import mtp as glm5next_mtp  # noqa: E402
+from vllm.models.glm5next.common import mtp as glm5next_mtp
 
 VOCAB = 64
 HIDDEN = 16

@@ -14,37 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-
-def _stub_missing_torchvision() -> None:
-    """glm5next imports GLM-4V's image processor, whose module imports
-    torchvision at the top; PyPI has no CPU torchvision for the test venv's
-    torch. Images are never processed here, so an empty module satisfies the
-    import (transformers has already cached torchvision as unavailable)."""
-    import importlib.util
-    import sys
-    import types
-
-    from transformers.utils import import_utils
-
-    if (
-        "torchvision" in sys.modules
-        or import_utils.is_torchvision_available()
-        or importlib.util.find_spec("torchvision")
-    ):
-        return
-    for name in (
-        "torchvision",
-        "torchvision.transforms",
-        "torchvision.transforms.v2",
-        "torchvision.transforms.v2.functional",
-    ):
-        sys.modules[name] = types.ModuleType(name)
-
-
-_stub_missing_torchvision()
-
-from vllm.model_executor.layers import indexer_topk  # noqa: E402
-from vllm.models.glm5next.nvidia.ops import kpool_compress  # noqa: E402
+from vllm.model_executor.layers import indexer_topk
+from vllm.models.glm5next.nvidia.ops import kpool_compress
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
