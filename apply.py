@@ -9,6 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from rigstack import applier, cli
+from rigstack import port as porting
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
 from rigstack.report import print_json, print_stack_result, print_status
@@ -78,6 +79,29 @@ def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder fo
 def diff(package: PackageArg) -> int:
     """Print the single combined diff of the stack against the baseline."""
     sys.stdout.write(applier.combined_diff(package))
+    return 0
+
+
+@app.command()
+def port(to: Annotated[Optional[str], typer.Option("--to", help="the vLLM release to port to, e.g. 0.33.0")] = None,
+         source: FromOpt = "wheel", patches: PatchesOpt = DEFAULT_PATCHES_DIR, as_json: JsonOpt = False,
+         sha256: Annotated[Optional[str], typer.Option(help="expected sha256 of the new wheel")] = None,
+         cont: Annotated[bool, typer.Option("--continue", help="go on after fixing a conflict")] = False,
+         skip: Annotated[bool, typer.Option("--skip", help="drop the conflicting patch, go on")] = False,
+         abort: Annotated[bool, typer.Option("--abort", help="remove the port: back to before it")] = False,
+         report_only: Annotated[bool, typer.Option("--report-only", help="walk the whole stack, keep nothing")] = False,
+         write: Annotated[bool, typer.Option("--write", help="accept a finished port into patches/ and versions.env")]
+         = False,
+         work: Annotated[Path, typer.Option(help="folder for port work areas")] = Path("build")) -> int:
+    """Port the stack to another vLLM release with 3-way merges; resumable like `git am -3`."""
+    action = porting.action_of(cont, skip, abort, report_only, write)
+    report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
+                          work_root=work)
+    if as_json:
+        print_json(report.to_json())
+    porting.print_report(report, cli.console)
+    if report.error:
+        raise UserError(report.error)
     return 0
 
 

@@ -176,7 +176,7 @@ def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dr
         baseline = work.rev("refs/heads/rigstack")
         assert baseline is not None
         work.run("symbolic-ref", "HEAD", "refs/heads/rigstack")
-        results, final, error = _commit_series(work, baseline, stack.patches, upstream_known=True)
+        results, final, error = commit_series(work, baseline, stack.patches)
         result = StackResult(str(repo.package), source.label, flavour, printer.value, stack.stack_hash,
                              tuple(results), notes, error, written=False, dry_run=dry_run)
         if error or dry_run:
@@ -231,7 +231,7 @@ def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run
     start = applied[keep - 1][0] if keep else stamp.baseline_commit
     kept = [PatchResult(patch.id, patch.file, status) for (_, _, _, status), patch in zip(applied, stack.patches[:keep])]
     with _scratch_git(repo, dry_run, reuse=True) as work:
-        results, final, error = _commit_series(work, start, stack.patches[keep:], upstream_known=True)
+        results, final, error = commit_series(work, start, stack.patches[keep:])
         notes = notes + (f"kept {keep} applied patch(es); replayed {len(stack.patches) - keep} on top",)
         result = StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
                              stack.stack_hash, tuple(kept + results), notes, error, dry_run=dry_run)
@@ -255,8 +255,8 @@ def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
                     f"(`python apply.py apply --from wheel`)")
 
 
-def _commit_series(repo: PackageRepo, start: str, patches: tuple[Patch, ...] | list[Patch],
-                   upstream_known: bool) -> tuple[list[PatchResult], str, str | None]:
+def commit_series(repo: PackageRepo, start: str,
+                  patches: tuple[Patch, ...] | list[Patch]) -> tuple[list[PatchResult], str, str | None]:
     """Apply each patch to a scratch index and commit it; stop at the first that does not apply."""
     results: list[PatchResult] = []
     parent = start
@@ -264,7 +264,7 @@ def _commit_series(repo: PackageRepo, start: str, patches: tuple[Patch, ...] | l
         index = Path(tmp) / "index"
         repo.read_tree_into(index, repo.tree_of(start))
         for position, patch in enumerate(patches):
-            result = _apply_one(repo, patch, index, upstream_known)
+            result = _apply_one(repo, patch, index)
             results.append(result)
             if result.status not in GOOD:
                 results += [PatchResult(p.id, p.file, "not-reached") for p in patches[position + 1:]]
@@ -281,7 +281,7 @@ def _commit_series(repo: PackageRepo, start: str, patches: tuple[Patch, ...] | l
     return results, parent, None
 
 
-def _apply_one(repo: PackageRepo, patch: Patch, index: Path, upstream_known: bool) -> PatchResult:
+def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
     forward = repo.apply_to_index(patch.path, index)
     if forward.ok:
         offsets = _OFFSET.findall(forward.output)
@@ -291,9 +291,9 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path, upstream_known: boo
             return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}{more} lines")
         return PatchResult(patch.id, patch.file, "applied")
     if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
-        detail = "its change is already in the baseline (looks upstreamed)" if upstream_known else \
-            "its change is already in the package"
-        return PatchResult(patch.id, patch.file, "already-applied", detail)
+        # The baseline was verified pristine, so a change already in it came from upstream.
+        return PatchResult(patch.id, patch.file, "already-applied",
+                           "its change is already in the baseline (looks upstreamed)")
     missing = _MISSING.search(forward.output)
     if missing:
         return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")

@@ -133,46 +133,63 @@ def _record_hashes(wheel: Path) -> dict[str, str]:
 
 # --- reading a package ---------------------------------------------------------------------------------------------
 
-def fetch_wheel(pins: Pins, flavour: str, offline_ok: bool = True) -> Path:
+def fetch_wheel(pins: Pins, flavour: str) -> Path:
     """The pinned wheel from the cache, downloading it (pip, with its progress bar) when absent; sha256 checked."""
     dist, wheel_name, sha256 = pins.wheel(flavour)
-    cache = wheels_dir()
-    wheel = cache / wheel_name
+    wheel = wheels_dir() / wheel_name
     if not wheel.is_file():
-        _download(dist, pins.vllm_version, wheel_name, cache)
-    actual = _sha256_file(wheel)
+        fetched = _pip_download(dist, pins.vllm_version)
+        if fetched is None or fetched != wheel:
+            raise UserError(f"the index has no {wheel_name}; check VLLM_VERSION and the wheel names in versions.env")
+    actual = sha256_of(wheel)
     if actual != sha256:
         raise UserError(f"{wheel}: sha256 {actual} does not match the pin {sha256} in versions.env; "
                         f"delete the file and rerun to download it again")
     return wheel
 
 
-def _download(dist: str, version: str, wheel_name: str, cache: Path) -> None:
+def release_wheel(dist: str, version: str) -> Path | None:
+    """The wheel of dist==version from the cache, else downloaded into it; None when the index has no such release.
+
+    Nothing pins this wheel's sha256 yet: the caller records and shows it (and checks a --sha256 the user gave)."""
+    prefix = f"{dist.replace('-', '_')}-{version}-"
+    cached = sorted(path for path in wheels_dir().glob(f"{prefix}*.whl") if "x86_64" in path.name)
+    return cached[0] if cached else _pip_download(dist, version)
+
+
+def _pip_download(dist: str, version: str) -> Path | None:
+    """dist==version's x86_64 wheel, downloaded into the cache by pip; None when the index has no such release."""
+    cache = wheels_dir()
     with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                    "--platform", "manylinux_2_28_x86_64", "--implementation", "cp", "--abi", "abi3",
                    "--python-version", "3.11", "--dest", tmp, f"{dist}=={version}"]
-        result = subprocess.run(command, stderr=subprocess.PIPE, text=True)
-        fetched = Path(tmp) / wheel_name
-        if result.returncode != 0 or not fetched.is_file():
+        # pip's progress bar goes to stderr with everything else for people: stdout may carry --json.
+        result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+        fetched = sorted(Path(tmp).glob("*.whl"))
+        if result.returncode != 0 or not fetched:
             reason = _pip_reason(result.stderr)
-            raise UserError(f"could not download {wheel_name} ({reason}); with no network, put the file in {cache}/ "
-                            "and rerun")
-        os.replace(fetched, cache / wheel_name)
+            if reason == "no such release":
+                return None
+            raise UserError(f"could not download {dist}=={version} ({reason}); with no network, put the wheel in "
+                            f"{cache}/ and rerun")
+        target = cache / fetched[0].name
+        os.replace(fetched[0], target)
+        return target
 
 
 def _pip_reason(stderr: str) -> str:
     lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    for line in lines:
-        if "No matching distribution" in line or "Could not find a version" in line:
-            return "no such release"
-    for line in lines:
-        if "ConnectionError" in line or "Failed to establish" in line or "Temporary failure" in line:
-            return "no network"
+    # pip says "(from versions: none)" both when the index is unreachable and when it has never heard of the
+    # project; a reachable index lists the releases it does have.
+    if any("(from versions: none)" in line for line in lines):
+        return "the package index did not answer (no network?) or lists no such project"
+    if any("No matching distribution" in line for line in lines):
+        return "no such release"
     return lines[-1][:160] if lines else "pip failed"
 
 
-def _sha256_file(path: Path) -> str:
+def sha256_of(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 22):

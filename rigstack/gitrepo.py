@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -225,6 +226,23 @@ class PackageRepo:
         """The tree of the work tree as it is now (the user's edits included)."""
         self.run("add", "-A")
         return self.run("write-tree").strip()
+
+    def packs(self) -> set[Path]:
+        return set((self.git_dir / "objects" / "pack").glob("pack-*.pack"))
+
+    def link_packs(self, packs: list[Path]) -> None:
+        """Share another store's packs by hard link: packs never change, and a link outlives the store it came from."""
+        target = self.git_dir / "objects" / "pack"
+        target.mkdir(parents=True, exist_ok=True)
+        for pack in packs:
+            for source in (pack, pack.with_suffix(".idx")):  # the index last: git ignores a pack until it has one
+                destination = target / source.name
+                if destination.exists():
+                    continue
+                try:
+                    os.link(source, destination)
+                except OSError:  # another file system
+                    shutil.copy2(source, destination)
 
     def applies_to(self, tree: str, patch_file: Path, *extra: str) -> ApplyOutcome:
         """Would a patch apply to `tree`? Checked against a scratch index; nothing is written."""

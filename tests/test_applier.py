@@ -245,7 +245,7 @@ def test_an_interrupted_first_apply_leaves_nothing_behind(cpu_package: Path, two
     def killed(*args, **kwargs):  # noqa: ANN002, ANN003
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(applier, "_commit_series", killed)
+    monkeypatch.setattr(applier, "commit_series", killed)
     with pytest.raises(KeyboardInterrupt):
         _apply(cpu_package, two_patches, pins)
     _assert_untouched(cpu_package, before)

@@ -49,3 +49,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.get_closest_marker(GUARD):
             item.user_properties.append((GUARD, "1"))
+
+
+@pytest.fixture(scope="module")
+def single_rank_dist():  # noqa: ANN201 - a generator fixture
+    """A real one-process gloo group, so vLLM's tensor-parallel layers can be built on CPU."""
+    import socket
+
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import (cleanup_dist_env_and_memory, ensure_model_parallel_initialized,
+                                  init_distributed_environment)
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="gloo")
+        ensure_model_parallel_initialized(1, 1)
+    yield
+    cleanup_dist_env_and_memory()

@@ -10,20 +10,13 @@ stage and as two stages, and the two-stage result must equal the single one.
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    ensure_model_parallel_initialized,
-    init_distributed_environment,
-)
 from vllm.models.glm5next.common import model as glm5next_model
 from vllm.sequence import IntermediateTensors
 from vllm.utils.torch_utils import set_default_torch_dtype
@@ -67,25 +60,6 @@ def _text_config(mhc: bool) -> SimpleNamespace:
         hc_eps=1e-6,
         hc_sinkhorn_iters=20,
     )
-
-
-@pytest.fixture(scope="module")
-def single_rank_dist():
-    """A real one-process gloo group, so the TP linears can be built."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{port}",
-            local_rank=0,
-            backend="gloo",
-        )
-        ensure_model_parallel_initialized(1, 1)
-    yield
-    cleanup_dist_env_and_memory()
 
 
 def _build_model(mhc: bool, monkeypatch) -> glm5next_model.Glm5NextModel:

@@ -11,20 +11,13 @@ parameters). The PP group is faked (a process boundary).
 
 from __future__ import annotations
 
-import socket
 from types import SimpleNamespace
 
 import pytest
 import torch
 from torch import nn
 
-
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.distributed import (
-    cleanup_dist_env_and_memory,
-    ensure_model_parallel_initialized,
-    init_distributed_environment,
-)
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.vocab_parallel_embedding import (
     VocabParallelEmbedding,
@@ -34,25 +27,6 @@ from vllm.models.glm5next.common import mtp as glm5next_mtp
 VOCAB = 64
 HIDDEN = 16
 NUM_HIDDEN_LAYERS = 2  # the MTP layer is model.layers.2
-
-
-@pytest.fixture(scope="module")
-def single_rank_dist():
-    """A real one-process gloo group, so the vocab-parallel embedding can be built."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{port}",
-            local_rank=0,
-            backend="gloo",
-        )
-        ensure_model_parallel_initialized(1, 1)
-    yield
-    cleanup_dist_env_and_memory()
 
 
 def _slim_mtp() -> glm5next_mtp.Glm5NextMTP:

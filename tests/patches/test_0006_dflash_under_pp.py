@@ -21,7 +21,6 @@ _HARNESS_PATH = Path(__file__).with_name("test_0004_glm5next_pp.py")
 _spec = importlib.util.spec_from_file_location("glm5next_pp_harness", _HARNESS_PATH)
 harness = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(harness)
-single_rank_dist = harness.single_rank_dist
 
 from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
 from vllm.distributed import parallel_state  # noqa: E402
