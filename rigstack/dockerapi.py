@@ -30,6 +30,14 @@ def local_image(client: docker.DockerClient, ref: str, fix: str | None = None): 
         raise UserError(f"image {ref} is not present locally; {fix}") from None
 
 
+def remove_container(name: str) -> None:
+    """Force-remove a container by name; gone already is fine."""
+    try:
+        connect().containers.get(name).remove(force=True)
+    except docker.errors.NotFound:
+        pass
+
+
 @contextmanager
 def package_archive(ref: str, path: str) -> Iterator[io.BufferedIOBase]:
     """A tar stream of `path` inside image `ref`, read from a created (never started) container."""

@@ -1,0 +1,429 @@
+"""Start a server process from a command given as data, wait for it in stages, and stop it by pid.
+
+API:
+    launch(argv, env, run_dir, *, url, served_name, timeout_s, container=None) -> Launched
+        Starts argv (env overlaid on os.environ) in its own process group, output to <run_dir>/server.log, records
+        <run_dir>/server.json (pid, pgid, start time, argv, url), then waits: process alive -> GET /health 200 ->
+        GET /v1/models lists served_name -> a one-token completion. Raises ServerDied (a UserError carrying the
+        log tail and a likely cause) the moment the process exits, UserError on timeout; either way what was
+        started is stopped first.
+    stop(run_dir, grace_s=30) -> bool: SIGTERM to the recorded group, SIGKILL after the grace period; False when
+        nothing recorded there is running.
+    running(run_dir) -> RunRecord | None
+    serve_profile(profile_name, *, run_dir, model=None, dry_run=False, force=False) -> int   (scripts/run_prod.py)
+        load the profile, render it (rigstack.render), run preflight (refuse on FAIL unless force), launch, wait.
+    stop_run(run_dir) -> int   (`run_prod.py stop`)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+from rigstack import render
+from rigstack.cache import cache_dir
+from rigstack.cli import console
+from rigstack.client import Endpoint, Server
+from rigstack.errors import UserError
+from rigstack.profiles import Profile, load_profile
+
+RECORD_NAME = "server.json"
+LOG_NAME = "server.log"
+TAIL_LINES = 40
+POLL_S = 1.0
+PROBE_TIMEOUT_S = 10.0
+# The first completion on a busy box can take a while after /health turns 200.
+REQUEST_TIMEOUT_S = 120.0
+STOP_HINT = "python scripts/run_prod.py stop"
+
+# Signatures of the failures users hit, newest-vLLM wording; first match wins, so specific ones come first.
+LIKELY_CAUSES: tuple[tuple[str, str], ...] = (
+    (r"CUDA out of memory|torch\.OutOfMemoryError|OutOfMemoryError",
+     "GPU out of memory: lower --gpu-memory-utilization, --max-model-len or --max-num-seqs in the profile"),
+    (r"No valid attention backend",
+     "no attention backend for this GPU and dtype: are the SM8x fallback patches applied? `python apply.py status`"),
+    (r"KeyError: '[^']*(weight|bias|scale)[^']*'",
+     "a weight name was not found at load: the PP partition starts a stage on the wrong layer; fix `partition:`"),
+    (r"[Aa]ddress already in use|Errno 98",
+     f"the port is taken by another process: `{STOP_HINT}` or change `port:`"),
+    (r"KV cache|cache blocks|max_model_len.*(larger|greater)|max seq len",
+     "no room for the KV cache at this context length: lower --max-model-len / --max-num-seqs or give more memory"),
+    (r"unrecognized arguments|invalid choice|argument --",
+     "vLLM rejected a flag: run `python preflight.py --profile NAME` (it checks every flag)"),
+    (r"No module named|ImportError|ModuleNotFoundError",
+     "an import failed: the (patched) vllm package is incomplete or not on the path; run preflight"),
+    (r"NCCL error|ncclSystemError|ncclUnhandledCudaError",
+     "NCCL failed: on cards without P2P set NCCL_P2P_DISABLE=1 in the profile's env"),
+    (r"illegal memory access|Xid|device-side assert",
+     "a GPU fault: rerun with CUDA_LAUNCH_BLOCKING=1 and check `dmesg` for Xid errors"),
+    (r"config\.json|is not a local folder|Repository Not Found|HFValidationError",
+     "the model folder is missing or incomplete: check the profile's model path (or pass --model)"),
+)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """What launch() started; written to <run_dir>/server.json so a later `stop` finds it."""
+
+    pid: int
+    pgid: int
+    start_ticks: int  # /proc start time, so a recycled pid is never mistaken for our server
+    argv: list[str]
+    env: dict[str, str]
+    log: str
+    url: str
+    served_name: str
+    container: str | None = None
+    started_at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
+class Launched:
+    record: RunRecord
+    stage_s: dict[str, float]  # seconds from start until each stage passed
+
+
+class ServerDied(UserError):
+    """The server exited while we waited; the message is one line, the tail and cause ride along."""
+
+    def __init__(self, message: str, tail: str, cause: str | None, returncode: int | None) -> None:
+        super().__init__(message)
+        self.tail = tail
+        self.cause = cause
+        self.returncode = returncode
+
+
+# Only error lines are read: healthy INFO lines also say "KV cache" or "config.json".
+_ERROR_LINE = re.compile(r"error|exception|traceback|fatal", re.IGNORECASE)
+
+
+def likely_cause(log_tail: str, returncode: int | None = None) -> str | None:
+    errors = "\n".join(line for line in log_tail.splitlines() if _ERROR_LINE.search(line))
+    for pattern, cause in LIKELY_CAUSES:
+        if re.search(pattern, errors):
+            return cause
+    if returncode == -signal.SIGKILL:
+        return "killed by SIGKILL: probably the host ran out of RAM (check `dmesg | grep -i oom`)"
+    return None
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    if not path.is_file():
+        return ""
+    with path.open("rb") as log:
+        log.seek(0, os.SEEK_END)
+        log.seek(max(0, log.tell() - 256 * 1024))
+        return "\n".join(log.read().decode(errors="replace").splitlines()[-lines:])
+
+
+def _read_record(run_dir: Path) -> RunRecord | None:
+    path = run_dir / RECORD_NAME
+    if not path.is_file():
+        return None
+    try:
+        return RunRecord(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        raise UserError(f"{path}: unreadable run record; remove it (`rm {path}`) after checking no server "
+                        "from it still runs") from None
+
+
+def _write_record(run_dir: Path, record: RunRecord) -> None:
+    path = run_dir / RECORD_NAME
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """/proc/PID/stat after the parenthesised name (which may hold spaces): [state, ppid, pgrp, ...]."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def _live_members(record: RunRecord) -> list[int]:
+    """Live processes of the recorded group; none when the leader's pid now belongs to someone else."""
+    leader_ticks = _start_ticks(record.pgid)
+    if leader_ticks is not None and leader_ticks != record.start_ticks:
+        return []
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(int(entry.name))
+            if fields and fields[2] == str(record.pgid) and fields[0] != "Z":
+                members.append(int(entry.name))
+    return members
+
+
+def running(run_dir: Path) -> RunRecord | None:
+    """The record of a server from run_dir that is still running, else None."""
+    record = _read_record(run_dir)
+    return record if record is not None and _live_members(record) else None
+
+
+def port_taken(url: str) -> bool:
+    parts = urlsplit(url)
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(1.0)
+        return sock.connect_ex((parts.hostname or "127.0.0.1", parts.port or 80)) == 0
+
+
+def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
+          container: str | None = None) -> tuple[subprocess.Popen[bytes], RunRecord]:
+    """Start the process detached in its own session (so stop() can signal the whole group) and record it."""
+    previous = running(run_dir)
+    if previous is not None:
+        raise UserError(f"a server from {run_dir} is still running (pid {previous.pid}); "
+                        f"`{STOP_HINT} --run-dir {run_dir}` first")
+    if port_taken(url):
+        raise UserError(f"{url} already answers: another server holds the port; stop it or change the port")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log_path = run_dir / LOG_NAME
+    with log_path.open("wb") as log:
+        try:
+            process = subprocess.Popen(list(argv), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
+                                       stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        except OSError as error:
+            raise UserError(f"cannot start {argv[0]}: {error.strerror}; check the interpreter or docker path") \
+                from None
+    record = RunRecord(pid=process.pid, pgid=process.pid, start_ticks=_start_ticks(process.pid) or 0,
+                       argv=list(argv), env=dict(env), log=str(log_path), url=url, served_name=served_name,
+                       container=container)
+    _write_record(run_dir, record)
+    return process, record
+
+
+# -- the staged wait ---------------------------------------------------------------------------------------------
+def _lists_model(server: Server) -> bool:
+    try:
+        return any(card.get("id") == server.endpoint.model for card in server.models())
+    except UserError:
+        return False
+
+
+def _one_token(server: Server) -> bool:
+    async def send() -> bool:
+        async with server.session(1) as session:
+            reply = await server.request(session, "/v1/completions",
+                                         {"prompt": "Hello", "max_tokens": 1, "temperature": 0})
+            return reply.ok and reply.tokens == 1
+    return asyncio.run(send())
+
+
+STAGES: tuple[tuple[str, Callable[[Server], bool]], ...] = (
+    ("process alive", lambda server: True),
+    ("/health 200", lambda server: server.health(PROBE_TIMEOUT_S)),
+    ("/v1/models lists the model", _lists_model),
+    ("one-token completion", _one_token),
+)
+
+
+def _died(process: subprocess.Popen[bytes], record: RunRecord, stage: str) -> ServerDied:
+    tail = log_tail(Path(record.log))
+    cause = likely_cause(tail, process.returncode)
+    return ServerDied(f"the server exited (code {process.returncode}) while waiting for {stage}: "
+                      f"{cause or 'no known cause in the log'}; full log: {record.log}",
+                      tail, cause, process.returncode)
+
+
+def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: float) -> dict[str, float]:
+    """Walk the stages in order; returns seconds since start at which each passed."""
+    server = Server(Endpoint(record.url, record.served_name), timeout_s=REQUEST_TIMEOUT_S)
+    began = time.monotonic()
+    passed: dict[str, float] = {}
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
+                  transient=True) as progress:
+        for stage, probe in STAGES:
+            task = progress.add_task(f"waiting for {stage}")
+            while True:
+                if process.poll() is not None:
+                    raise _died(process, record, stage)
+                if probe(server):
+                    break
+                if time.monotonic() - began > timeout_s:
+                    raise UserError(f"the server did not reach '{stage}' within {timeout_s:.0f} s and was stopped "
+                                    f"(log: {record.log}); raise health_timeout_s in the profile if it was still "
+                                    "loading")
+                time.sleep(POLL_S)
+            passed[stage] = round(time.monotonic() - began, 2)
+            progress.remove_task(task)
+            console.print(f"[green]ok[/] {stage} after {passed[stage]:.1f} s")
+    return passed
+
+
+def launch(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
+           timeout_s: float, container: str | None = None) -> Launched:
+    """Start the server and wait until it answers a completion; on any failure stop it before raising."""
+    process, record = start(argv, env, run_dir, url=url, served_name=served_name, container=container)
+    try:
+        stage_s = wait_ready(process, record, timeout_s)
+    except BaseException as error:
+        stop(run_dir)
+        process.wait()
+        if isinstance(error, ServerDied):
+            console.print(f"--- last lines of {record.log} ---\n{error.tail}\n---", markup=False, style="dim")
+        raise
+    return Launched(record, stage_s)
+
+
+# -- stopping ----------------------------------------------------------------------------------------------------
+def _signal_group(record: RunRecord, sig: signal.Signals) -> None:
+    try:
+        os.killpg(record.pgid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _reap(pid: int) -> None:
+    """Collect the leader when this process is its parent (tests), so it does not linger as a zombie."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _group_gone(record: RunRecord) -> bool:
+    _reap(record.pid)
+    return not _live_members(record)
+
+
+def _wait_gone(record: RunRecord, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _group_gone(record):
+            return True
+        time.sleep(0.2)
+    return _group_gone(record)
+
+
+def stop(run_dir: Path, grace_s: float = 30.0) -> bool:
+    """End what launch() started in run_dir: SIGTERM to its group, SIGKILL after grace_s. Only the recorded
+    group is signalled, and only while its leader is the recorded process (or the group still exists)."""
+    record = running(run_dir)
+    if record is None:
+        return False
+    _signal_group(record, signal.SIGTERM)
+    if not _wait_gone(record, grace_s):
+        console.print(f"[yellow]server group {record.pgid} ignored SIGTERM for {grace_s:.0f} s; sending SIGKILL[/]")
+        _signal_group(record, signal.SIGKILL)
+        _wait_gone(record, 10.0)
+    if record.container:
+        # `docker run` forwards SIGTERM to the container, but a SIGKILLed client leaves it running.
+        from rigstack import dockerapi  # only container runs need the docker SDK
+
+        dockerapi.remove_container(record.container)
+    return True
+
+
+# -- a profile, end to end (scripts/run_prod.py) -----------------------------------------------------------------
+DEFAULT_RUN_DIR = cache_dir() / "run"
+
+
+def _probe_url(host: str, port: int) -> str:
+    # A server bound to all interfaces is reached through loopback.
+    return f"http://{'127.0.0.1' if host in ('0.0.0.0', '::', '') else host}:{port}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One server process of a profile: the only one, or one replica (seed 004's TP2 units)."""
+
+    run_dir: Path
+    argv: list[str]
+    env: dict[str, str]
+    url: str
+    container: str | None = None
+
+
+def planned_units(profile: Profile, model: Path | None, run_dir: Path) -> list[Unit]:
+    """`docker run` when the profile names an image, else the server on this host; replicas get run_dir/replica-N."""
+    units = []
+    for replica in range(profile.parallel.replicas):
+        folder = run_dir if profile.parallel.replicas == 1 else run_dir / f"replica-{replica}"
+        url = _probe_url(profile.host, profile.port + replica)
+        if profile.image:
+            container = f"rigstack-{profile.name}-{replica}"
+            argv = render.docker_run(profile, model=model, replica=replica, name=container)
+            units.append(Unit(folder, argv, {}, url, container))
+        else:
+            command = render.serve_command(profile, model=model, replica=replica)
+            units.append(Unit(folder, command.argv, command.env, url))
+    return units
+
+
+def format_command(argv: Sequence[str], env: dict[str, str]) -> str:
+    """The command for a human to read (and paste): env lines, then the argv, each value shell-quoted."""
+    lines = ["# environment (overlaid on the current one):"] if env else []
+    lines += [f"{key}={shlex.quote(value)}" for key, value in env.items()]
+    groups: list[list[str]] = []
+    for arg in argv:
+        # One line per option and its values; the program and its first words share the first line.
+        if not groups or arg.startswith("-"):
+            groups.append([])
+        groups[-1].append(shlex.quote(arg))
+    lines += ["# command:", " \\\n  ".join(" ".join(group) for group in groups)]
+    return "\n".join(lines)
+
+
+def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: Path | None = None,
+                  dry_run: bool = False, force: bool = False) -> int:
+    """Preflight, then start the profile's server(s) and wait for each; they keep running after this returns.
+    Replicas start one after another, each once the one before answers (they must not load at the same time)."""
+    from rigstack.preflight.runner import EXIT_FAIL, run_preflight
+
+    profile = load_profile(profile_name)
+    units = planned_units(profile, model, run_dir)
+    if dry_run:
+        print("\n\n".join(format_command(unit.argv, unit.env) for unit in units))
+        return 0
+    if run_preflight(profile_name, model=model) == EXIT_FAIL:
+        if not force:
+            raise UserError(f"preflight failed for profile {profile.name} (FAIL lines above); fix them, or "
+                            f"`python scripts/run_prod.py --profile {profile_name} --force` to start anyway",
+                            exit_code=EXIT_FAIL)
+        console.print("[yellow]preflight failed; starting anyway (--force)[/]")
+    stop_hint = STOP_HINT + ("" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}")
+    try:
+        for unit in units:
+            launched = launch(unit.argv, unit.env, unit.run_dir, url=unit.url, served_name=profile.model.served_name,
+                              timeout_s=profile.health_timeout_s, container=unit.container)
+            console.print(f"[green]ready[/] {unit.url} serves {profile.model.served_name!r} "
+                          f"(pid {launched.record.pid}, log {launched.record.log})")
+    except BaseException:
+        stop_all(run_dir)  # a half-started set of replicas is no use
+        raise
+    console.print(f"stop with `{stop_hint}`")
+    return 0
+
+
+def stop_all(run_dir: Path) -> int:
+    """Stop the server recorded in run_dir and those in its replica-N folders; how many were running."""
+    folders = [run_dir, *sorted(run_dir.glob("replica-*"))]
+    return sum(stop(folder) for folder in folders)
+
+
+def stop_run(run_dir: Path = DEFAULT_RUN_DIR) -> int:
+    stopped = stop_all(run_dir)
+    if stopped:
+        console.print(f"stopped {stopped} server(s) recorded in {run_dir}")
+        return 0
+    raise UserError(f"no running server is recorded in {run_dir}; pass the --run-dir it was started with")

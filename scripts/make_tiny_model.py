@@ -1,0 +1,26 @@
+"""Build (or find in the cache) the tiny seeded model that cpu-tiny serves, and print its folder."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rigstack import cli  # noqa: E402
+from rigstack.tinymodel import KINDS, build_tiny_model  # noqa: E402
+
+app = typer.Typer(add_completion=False, help=__doc__)
+
+
+@app.command()
+def main(kind: Annotated[str, typer.Option(help=f"one of: {', '.join(KINDS)}")] = "dense",
+         seed: Annotated[int, typer.Option(help="weight seed; each seed is its own cached model")] = 0) -> None:
+    print(build_tiny_model(kind, seed))
+
+
+if __name__ == "__main__":
+    sys.exit(cli.run(app))

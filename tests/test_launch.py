@@ -1,0 +1,223 @@
+"""rigstack.launch against real processes: a small HTTP server script that behaves well, dies, or never gets
+healthy (no mocks; the vLLM boot itself is covered by test_run_prod_e2e.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rigstack import launch
+from rigstack.errors import UserError
+
+FAKE_SERVER = r'''
+import json, os, signal, subprocess, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+mode, port, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if mode == "oom":
+    print("loading weights", flush=True)
+    time.sleep(0.5)
+    print("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB", flush=True)
+    sys.exit(1)
+if mode == "stubborn":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+# A worker in the same process group, as vLLM's engine core and workers are.
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(f"child {child.pid}", flush=True)
+
+class Handler(BaseHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+    def _send(self, code, body):
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self._send(503 if mode == "unhealthy" else 200, {})
+        elif self.path == "/v1/models":
+            self._send(200, {"data": [{"id": name}]})
+        else:
+            self._send(404, {})
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["content-length"]))
+        self._send(200, {"choices": [{"index": 0, "text": " x", "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 1, "completion_tokens": 1}})
+
+ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+'''
+
+
+@pytest.fixture
+def fake(tmp_path: Path):
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    run_dir = tmp_path / "run"
+    started: list[Path] = []
+
+    def start(mode: str, timeout_s: float = 30.0, name: str = "tiny") -> launch.Launched:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        started.append(run_dir)
+        return launch.launch([sys.executable, str(script), mode, str(port), name], {"FAKE": "1"}, run_dir,
+                             url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=timeout_s)
+
+    start.run_dir = run_dir
+    yield start
+    for folder in started:
+        launch.stop(folder, grace_s=1)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def _child_pid(run_dir: Path) -> int:
+    for line in (run_dir / launch.LOG_NAME).read_text().splitlines():
+        if line.startswith("child "):
+            return int(line.split()[1])
+    raise AssertionError("the fake server did not report its child")
+
+
+def test_launch_passes_every_stage_and_stop_ends_the_group(fake) -> None:
+    launched = fake("ok")
+    assert list(launched.stage_s) == [stage for stage, _ in launch.STAGES]
+    assert launched.record.env == {"FAKE": "1"}
+    assert launch.running(fake.run_dir) == launched.record
+    child = _child_pid(fake.run_dir)
+
+    assert launch.stop(fake.run_dir, grace_s=10) is True
+    assert _gone(launched.record.pid) and _gone(child)
+    assert launch.running(fake.run_dir) is None
+    assert launch.stop(fake.run_dir) is False
+
+
+def test_a_dying_server_fails_at_once_with_the_log_tail_and_cause(fake) -> None:
+    began = time.monotonic()
+    with pytest.raises(launch.ServerDied) as caught:
+        fake("oom", timeout_s=120)
+    assert time.monotonic() - began < 20  # not the timeout
+    error = caught.value
+    assert error.returncode == 1
+    assert "CUDA out of memory" in error.tail
+    assert "GPU out of memory" in str(error) and str(error).count("\n") == 0
+    assert launch.running(fake.run_dir) is None
+
+
+def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(fake) -> None:
+    with pytest.raises(UserError, match=r"did not reach '/health 200' within 3 s") as caught:
+        fake("unhealthy", timeout_s=3)
+    assert not isinstance(caught.value, launch.ServerDied)
+    assert launch.running(fake.run_dir) is None
+
+
+def test_a_server_serving_another_name_never_passes_the_models_stage(fake) -> None:
+    with pytest.raises(UserError, match="did not reach '/v1/models lists the model'"):
+        fake("ok", timeout_s=3, name="someone-else")
+
+
+def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(fake) -> None:
+    launched = fake("stubborn")
+    child = _child_pid(fake.run_dir)
+    began = time.monotonic()
+    assert launch.stop(fake.run_dir, grace_s=1) is True
+    assert time.monotonic() - began < 10
+    assert _gone(launched.record.pid) and _gone(child)
+
+
+def test_a_second_launch_into_a_busy_run_dir_is_refused(fake) -> None:
+    launched = fake("ok")
+    with pytest.raises(UserError, match="still running") as caught:
+        fake("ok")
+    assert f"pid {launched.record.pid}" in str(caught.value)
+
+
+def test_a_taken_port_is_refused_before_starting(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        with pytest.raises(UserError, match="already answers"):
+            launch.launch([sys.executable, "-c", "pass"], {}, tmp_path, url=f"http://127.0.0.1:{port}",
+                          served_name="tiny", timeout_s=5)
+    assert not (tmp_path / launch.RECORD_NAME).exists()
+
+
+def test_stop_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
+    # A record whose pid now belongs to another process (start time differs) must not be signalled.
+    record = launch.RunRecord(pid=os.getpid(), pgid=os.getpgid(0), start_ticks=1, argv=["x"], env={},
+                              log=str(tmp_path / "log"), url="http://127.0.0.1:1", served_name="tiny")
+    launch._write_record(tmp_path, record)
+    assert launch.running(tmp_path) is None
+    assert launch.stop(tmp_path) is False
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("torch.OutOfMemoryError: CUDA out of memory.", "GPU out of memory"),
+    ("ValueError: No valid attention backend found for cuda with head_size 576", "attention backend"),
+    ("KeyError: 'model.layers.12.self_attn.indexer.weight'", "partition"),
+    ("OSError: [Errno 98] Address already in use", "port is taken"),
+    ("api_server.py: error: unrecognized arguments: --bogus", "rejected a flag"),
+    ("ValueError: To serve at least one request with max seq len (262144), 12 GiB KV cache is needed",
+     "KV cache"),
+])
+def test_likely_cause_names_the_known_failures(line: str, expected: str) -> None:
+    assert expected in launch.likely_cause(f"INFO starting\n{line}\n")
+
+
+def test_likely_cause_ignores_healthy_lines_that_share_words() -> None:
+    tail = ("INFO [kv_cache_utils.py] GPU KV cache size: 524,288 tokens\n"
+            "INFO loading config.json\nRuntimeError: something nobody has seen before\n")
+    assert launch.likely_cause(tail, 1) is None
+
+
+def test_likely_cause_reads_a_sigkill_as_host_oom() -> None:
+    assert "ran out of RAM" in launch.likely_cause("INFO loading", -signal.SIGKILL)
+    assert launch.likely_cause("INFO loading", 1) is None
+
+
+def test_replicas_get_a_folder_port_and_container_each(tmp_path: Path) -> None:
+    from rigstack.profiles import load_profile
+
+    profile = load_profile("rtxpro6000-tp2-replicas")
+    units = launch.planned_units(profile, None, tmp_path)
+    assert len(units) == profile.parallel.replicas > 1
+    assert [unit.run_dir for unit in units] == [tmp_path / f"replica-{i}" for i in range(len(units))]
+    assert len({unit.url for unit in units}) == len({unit.container for unit in units}) == len(units)
+    assert all(unit.argv[:2] == ["docker", "run"] for unit in units)
+    (single,) = launch.planned_units(load_profile("cpu-tiny"), None, tmp_path)
+    assert single.run_dir == tmp_path and single.container is None and single.env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def test_stop_run_ends_every_replica(tmp_path: Path) -> None:
+    script = tmp_path / "fake_server.py"
+    script.write_text(FAKE_SERVER)
+    records = []
+    for replica in range(2):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        folder = tmp_path / "run" / f"replica-{replica}"
+        records.append(launch.launch([sys.executable, str(script), "ok", str(port), "tiny"], {}, folder,
+                                     url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=30).record)
+    assert launch.stop_run(tmp_path / "run") == 0
+    assert all(_gone(record.pid) for record in records)
+    with pytest.raises(UserError, match="no running server is recorded"):
+        launch.stop_run(tmp_path / "run")
