@@ -1,0 +1,126 @@
+"""Seed 003's silent-corruption probe: N greedy repeats of one prompt must be identical, with no token id 0 and no
+token whose logprob sits at -ln(vocab) (a uniform distribution: the signature of all-zero rows from a bad card).
+
+Greedy decoding on a healthy server is bit-identical run to run, so any divergence is a finding; its first
+differing position is reported so a rerun can look there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from rigstack.client import Reply, Server
+from rigstack.errors import UserError
+from rigstack.probes.cli import Target, publish
+from rigstack.probes.results import Metric, Result, provenance
+
+DEFAULT_PROMPT = ("Write a detailed technical report on the history of railway signalling, with numbered sections, "
+                  "dates, and a table of the main systems.")
+EXIT_CORRUPT = 2
+
+
+@dataclass(frozen=True)
+class Flag:
+    run: int
+    position: int
+    token_id: int | None
+    logprob: float | None
+    why: str
+
+
+def vocab_size_of(card: dict) -> int | None:
+    """The served model's vocabulary, from config.json when the model folder is on this host."""
+    root = card.get("root")
+    config = Path(root) / "config.json" if root else None
+    if config is None or not config.is_file():
+        return None
+    raw = json.loads(config.read_text())
+    return raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """The first position where two token sequences differ (a length difference counts), None if equal."""
+    for position, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return position
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def flags_of(run: int, reply: Reply, floor: float | None, tol: float) -> list[Flag]:
+    found = []
+    for position, token in enumerate(reply.token_ids):
+        logprob = reply.logprobs[position] if position < len(reply.logprobs) else None
+        if token == 0:
+            found.append(Flag(run, position, token, logprob, "token id 0"))
+        elif floor is not None and logprob is not None and logprob <= floor + tol:
+            found.append(Flag(run, position, token, logprob, f"logprob {logprob:.3f} ~ -ln(vocab) {floor:.3f}"))
+    return found
+
+
+async def _repeat(server: Server, payloads: list[dict], repeats: int) -> list[list[Reply]]:
+    async with server.session(connections=1) as session:  # one at a time: the batch shape must not vary
+        return [[await server.request(session, "/v1/completions", payload) for _ in range(repeats)]
+                for payload in payloads]
+
+
+def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
+             profile: str | None, package: Path | None) -> Result:
+    card = server.check_model()
+    vocab = vocab_size or vocab_size_of(card)
+    floor = -math.log(vocab) if vocab else None
+    params = {"max_tokens": max_tokens, "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True,
+              "ignore_eos": True}
+    batches = asyncio.run(_repeat(server, [{"prompt": prompt, **params} for prompt in prompts], repeats))
+    if any(reply.ok and not reply.token_ids for replies in batches for reply in replies):
+        raise UserError(f"{server.endpoint.base} returned no token ids (vLLM's return_tokens_as_token_ids); the "
+                        "corruption probe needs them: point --url at a vLLM server")
+    rows, flags, samples, notes = [], [], [], []
+    for index, replies in enumerate(batches):
+        reference = next((reply.token_ids for reply in replies if reply.ok), [])
+        for run, reply in enumerate(replies):
+            found = flags_of(run, reply, floor, tol) if reply.ok else []
+            flags.extend((index, flag) for flag in found)
+            diverge = first_difference(reference, reply.token_ids) if reply.ok else None
+            rows.append({"prompt": index, "run": run, "ok": reply.ok, "error": reply.error or "",
+                         "tokens": len(reply.token_ids), "first_difference": diverge, "flags": len(found),
+                         "first_flag": f"{found[0].why} at {found[0].position}" if found else ""})
+            if diverge is not None:
+                notes.append(f"prompt {index} run {run} diverges from its first run at position {diverge}")
+            if reply.ok:
+                samples.append({"prompt": index, "run": run, "token_ids": reply.token_ids,
+                                "logprobs": reply.logprobs})
+        if reference and len(reference) < max_tokens:
+            notes.append(f"prompt {index}: only {len(reference)} of {max_tokens} tokens came back")
+    notes = [f"prompt {i} run {f.run} position {f.position}: token {f.token_id}, {f.why}"
+             for i, f in flags[:20]] + notes
+    if floor is None:
+        notes.append("vocab size unknown (pass --vocab-size): only token id 0 was checked, not -ln(vocab)")
+    divergent = sum(row["first_difference"] is not None for row in rows)
+    failed = sum(not row["ok"] for row in rows)
+    clean = not flags and not divergent and not failed and bool(samples)
+    notes.insert(0, "clean: all runs identical, nothing flagged" if clean else "CORRUPTION SUSPECTED")
+    metrics = {"clean": Metric(value=float(clean), better="higher"),
+               "flagged_tokens": Metric(value=len(flags), better="lower"),
+               "divergent_runs": Metric(value=divergent, better="lower"),
+               "failed": Metric(value=failed, better="lower")}
+    params = {**params, "repeats": repeats, "vocab_size": vocab, "logprob_floor": floor, "tol": tol,
+              "prompt_sha256": [hashlib.sha256(prompt.encode()).hexdigest()[:16] for prompt in prompts]}
+    return Result(kind="bang", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
+                  notes=notes, samples=samples)
+
+
+def is_clean(result: Result) -> bool:
+    return result.metrics["clean"].value == 1.0
+
+
+def main(target: Target, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
+         out: Path) -> int:
+    result = run_bang(target.server(), prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol,
+                      target.profile, target.package)
+    publish(result, out)
+    return 0 if is_clean(result) else EXIT_CORRUPT

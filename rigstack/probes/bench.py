@@ -1,0 +1,96 @@
+"""Single-stream decode by workload (seed 002: 123 tok/s on code vs 37 on prose with a drafter).
+
+Greedy, fixed output length, one request at a time. Speed is reported as tok/s and as ms per engine step: with a
+speculative drafter one step emits several tokens, so tok/s alone hides whether the step or the acceptance changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from rigstack.client import Server
+from rigstack.probes import measure
+from rigstack.probes.cli import Target, publish
+from rigstack.probes.results import Metric, Result, mean, provenance
+
+MIN_TOKENS_NOTE = ("output length pinned with min_tokens: the model is kept from stopping, which inflates "
+                   "speculative acceptance (peers' note); prefer a server that accepts ignore_eos")
+IGNORE_EOS_NOTE = "output length pinned with ignore_eos: tokens past the model's own end count too"
+
+
+def _workload_row(name: str, timings: list[measure.Timing], spec: dict[str, float | None], max_tokens: int) -> dict:
+    ok = [t for t in timings if t.ok]
+    decode_s = sum(t.decode_s or 0.0 for t in ok)
+    # Tokens per engine step from the drafter's counters (1 without one). Counting stream chunks would not do:
+    # the server merges a lagging client's outputs into one chunk.
+    per_step = spec["spec_mean_accepted_len"] or 1.0
+    decoded = sum(t.tokens - 1 for t in ok if t.tokens > 1)
+    e2e = sum(t.e2e or 0.0 for t in ok)
+    return {
+        "workload": name,
+        "requests": len(timings),
+        "failed": len(timings) - len(ok),
+        "short": sum(1 for t in ok if t.tokens < max_tokens),
+        "tokens": sum(t.tokens for t in ok),
+        "decode_tok_s": decoded / decode_s if decode_s else None,
+        "e2e_tok_s": sum(t.tokens for t in ok) / e2e if e2e else None,
+        "ttft_ms": 1000 * mean([t.ttft for t in ok if t.ttft is not None]) if ok else None,
+        "ms_per_step": 1000 * decode_s / decoded * per_step if decoded else None,
+        "tokens_per_step": per_step,
+        **spec,
+    }
+
+
+async def _bench(server: Server, sets: dict[str, list[str]], max_tokens: int, fixed: measure.FixedLength,
+                 repeats: int, warmup: int) -> tuple[list[dict], measure.FixedLength, dict]:
+    async with server.session(connections=2) as session:
+        fixed = await measure.resolve_fixed_length(server, session, fixed)
+        first_prompt = next(iter(sets.values()))[0]
+        for _ in range(warmup):  # excluded from every number: first requests pay for lazy compilation
+            await server.request(session, "/v1/chat/completions", measure.chat_payload(first_prompt, max_tokens, fixed))
+        rows = []
+        for name, prompts in sets.items():
+            before = await measure.scrape(session)
+            timings = []
+            for _ in range(repeats):
+                for prompt in prompts:
+                    reply = await server.request(session, "/v1/chat/completions",
+                                                 measure.chat_payload(prompt, max_tokens, fixed))
+                    timings.append(measure.timing(reply))
+            after = await measure.scrape(session)
+            rows.append(_workload_row(name, timings, measure.spec_acceptance(before, after), max_tokens))
+        params = measure.request_params(measure.chat_payload(first_prompt, max_tokens, fixed))
+        return rows, fixed, params
+
+
+def run_bench(server: Server, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
+              warmup: int, profile: str | None, package: Path | None) -> Result:
+    server.check_model()
+    sets = measure.workload_prompts(workloads)
+    rows, used, params = asyncio.run(_bench(server, sets, max_tokens, fixed, repeats, warmup))
+    notes = {"min_tokens": [MIN_TOKENS_NOTE], "ignore_eos": [IGNORE_EOS_NOTE]}.get(used, [
+        "output length not pinned: the server accepted neither ignore_eos nor min_tokens"])
+    if any(row["short"] for row in rows):
+        notes.append("some answers stopped before max_tokens; their tok/s still counts what was generated")
+    if all(row["spec_acceptance_rate"] is None for row in rows):
+        notes.append("no speculative decoding counters in /metrics")
+    metrics: dict[str, Metric] = {}
+    for row in rows:
+        name = row["workload"]
+        metrics[f"{name}.decode_tok_s"] = Metric(value=row["decode_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{name}.ms_per_step"] = Metric(value=row["ms_per_step"], better="lower", unit="ms")
+        metrics[f"{name}.ttft_ms"] = Metric(value=row["ttft_ms"], better="lower", unit="ms")
+        metrics[f"{name}.failed"] = Metric(value=row["failed"], better="lower")
+        if row["spec_acceptance_rate"] is not None:
+            metrics[f"{name}.spec_acceptance_rate"] = Metric(value=row["spec_acceptance_rate"], better="higher")
+    params = {**params, "fixed_length": used, "repeats": repeats, "warmup": warmup, "workloads": workloads}
+    return Result(kind="bench", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
+                  notes=notes)
+
+
+def main(target: Target, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
+         warmup: int, out: Path) -> int:
+    publish(run_bench(target.server(), workloads, max_tokens, fixed, repeats, warmup, target.profile,
+                      target.package), out)
+    return 0

@@ -1,0 +1,236 @@
+"""Concurrency: a closed-loop sweep (1, 2, 4, ... N streams back to back) and an open-loop Poisson rate mode.
+
+Client-side numbers (TTFT, TPOT, ITL, E2E, per-stream tok/s) come from the streamed chunks; token counts from the
+server's usage block. The steady-state aggregate is read from the server's generated-token counter over the
+intervals when every stream was decoding (seed 001's method), so prefill gaps and the ramp do not dilute it.
+Failed requests are counted per level, never dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+
+from rigstack.client import Reply, Server
+from rigstack.errors import UserError
+from rigstack.probes import measure
+from rigstack.probes.cli import Target, publish
+from rigstack.probes.results import Metric, Result, mean, percentiles, provenance
+
+CHAT = "/v1/chat/completions"
+
+
+class _Level:
+    """What one sweep level (or rate) collected."""
+
+    def __init__(self) -> None:
+        self.replies: list[Reply] = []
+        self.samples: list[tuple[float, float]] = []  # (perf_counter, generation-token counter)
+        self.start = 0.0
+        self.end = 0.0
+
+
+async def _sample_counter(session: httpx.AsyncClient, level: _Level, interval_s: float, stop: asyncio.Event,
+                          primed: asyncio.Event) -> None:
+    """One sample before the first request (primed tells the level to start), then every interval, and one after
+    the level's last reply."""
+    while True:
+        counters = await measure.scrape(session)
+        primed.set()
+        if counters is None or measure.GENERATION_TOKENS not in counters:
+            return  # no counter: no server-side numbers for this level
+        level.samples.append((time.perf_counter(), counters[measure.GENERATION_TOKENS]))
+        if stop.is_set():
+            return
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+def _decoding(replies: list[Reply], start: float, end: float) -> int:
+    """Streams that were between their first and last output chunk for the whole of [start, end]."""
+    return sum(1 for r in replies if r.chunk_times and r.chunk_times[0] <= start and r.chunk_times[-1] >= end)
+
+
+def _steady_tok_s(level: _Level, streams: int) -> float | None:
+    tokens = seconds = 0.0
+    for (t0, c0), (t1, c1) in zip(level.samples, level.samples[1:]):
+        if _decoding(level.replies, t0, t1) >= streams:
+            tokens += c1 - c0
+            seconds += t1 - t0
+    return tokens / seconds if seconds else None
+
+
+def _row(label: str, value: float, level: _Level, streams: int | None) -> dict:
+    timings = [measure.timing(reply) for reply in level.replies]
+    ok = [t for t in timings if t.ok]
+    wall = level.end - level.start
+    row: dict = {label: value, "requests": len(timings), "ok": len(ok), "failed": len(timings) - len(ok),
+                 "output_tokens": sum(t.tokens for t in ok),
+                 "prompt_tokens": sum(t.prompt_tokens or 0 for t in ok), "wall_s": wall}
+    for name, values in (("ttft_ms", [t.ttft for t in ok]), ("tpot_ms", [t.tpot for t in ok]),
+                         ("itl_ms", [gap for t in ok for gap in t.itl]), ("e2e_ms", [t.e2e for t in ok])):
+        for point, number in percentiles([1000 * v for v in values if v is not None]).items():
+            row[f"{name}_{point}"] = number
+    row["aggregate_tok_s"] = row["output_tokens"] / wall if wall > 0 else None
+    row["per_stream_tok_s"] = mean([t.decode_tok_s for t in ok if t.decode_tok_s is not None])
+    server_tokens = level.samples[-1][1] - level.samples[0][1] if len(level.samples) > 1 else None
+    row["server_tokens"] = server_tokens
+    row["steady_tok_s"] = _steady_tok_s(level, streams) if streams else None
+    return row
+
+
+async def _closed_level(server: Server, session: httpx.AsyncClient, streams: int, requests: int,
+                        payloads: list[dict], interval_s: float) -> _Level:
+    level, stop = _Level(), asyncio.Event()
+    queue = iter(range(requests))
+
+    async def stream() -> None:
+        for index in queue:  # shared iterator: each stream takes the next request when its last one ends
+            level.replies.append(await server.request(session, CHAT, payloads[index % len(payloads)]))
+
+    primed = asyncio.Event()
+    sampler = asyncio.create_task(_sample_counter(session, level, interval_s, stop, primed))
+    await primed.wait()
+    level.start = time.perf_counter()
+    await asyncio.gather(*(stream() for _ in range(streams)))
+    level.end = time.perf_counter()
+    stop.set()
+    await sampler
+    return level
+
+
+async def _open_level(server: Server, session: httpx.AsyncClient, rate: float, requests: int, payloads: list[dict],
+                      interval_s: float, seed: int) -> _Level:
+    level, stop, rng = _Level(), asyncio.Event(), random.Random(seed)
+
+    async def one(index: int, delay: float) -> None:
+        await asyncio.sleep(delay)
+        level.replies.append(await server.request(session, CHAT, payloads[index % len(payloads)]))
+
+    arrivals, clock = [], 0.0
+    for _ in range(requests):  # Poisson process: exponential gaps, seeded so reruns send the same schedule
+        arrivals.append(clock)
+        clock += rng.expovariate(rate)
+    primed = asyncio.Event()
+    sampler = asyncio.create_task(_sample_counter(session, level, interval_s, stop, primed))
+    await primed.wait()
+    level.start = time.perf_counter()
+    await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
+    level.end = time.perf_counter()
+    stop.set()
+    await sampler
+    return level
+
+
+async def _run(server: Server, levels: list[int], rates: list[float], requests: int, payloads: list[dict],
+               interval_s: float, seed: int, warmup: int) -> list[tuple[bool, float, _Level]]:
+    width = max(levels or [1]) + 2 if not rates else 1024
+    async with server.session(connections=width) as session:
+        for _ in range(warmup):
+            await server.request(session, CHAT, payloads[0])
+        done = []
+        for streams in levels:
+            level = await _closed_level(server, session, streams, requests or streams * 4, payloads, interval_s)
+            done.append((True, streams, level))
+        for rate in rates:
+            level = await _open_level(server, session, rate, requests or 32, payloads, interval_s, seed)
+            done.append((False, rate, level))
+        return done
+
+
+def run_conc(server: Server, levels: list[int], rates: list[float], requests: int, workload: str, max_tokens: int,
+             fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, profile: str | None,
+             package: Path | None) -> Result:
+    """levels: closed-loop stream counts; rates: open-loop requests/s. requests: per level (0 = 4 per stream)."""
+    server.check_model()
+    prompts = measure.workload_prompts([workload])[workload]
+
+    async def resolve() -> measure.FixedLength:
+        async with server.session(connections=2) as session:
+            return await measure.resolve_fixed_length(server, session, fixed)
+
+    used = asyncio.run(resolve())
+    payloads = [measure.chat_payload(prompt, max_tokens, used) for prompt in prompts]
+    done = asyncio.run(_run(server, levels, rates, requests, payloads, interval_s, seed, warmup))
+    rows, metrics, errors = [], {}, Counter()
+    for closed, value, level in done:
+        row = _row("concurrency" if closed else "rate", value, level, int(value) if closed else None)
+        row["mode"] = "closed" if closed else "open"
+        rows.append(row)
+        errors.update(reply.error for reply in level.replies if not reply.ok)
+        key = f"c{int(value)}" if closed else f"r{value:g}"
+        metrics[f"{key}.aggregate_tok_s"] = Metric(value=row["aggregate_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{key}.steady_tok_s"] = Metric(value=row["steady_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{key}.per_stream_tok_s"] = Metric(value=row["per_stream_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{key}.ttft_ms_p50"] = Metric(value=row["ttft_ms_p50"], better="lower", unit="ms")
+        metrics[f"{key}.tpot_ms_p50"] = Metric(value=row["tpot_ms_p50"], better="lower", unit="ms")
+        metrics[f"{key}.failed"] = Metric(value=row["failed"], better="lower")
+    notes = [f"{count} failed: {error}" for error, count in errors.most_common(5)]
+    if any(row["server_tokens"] is None for row in rows):
+        notes.append("no vllm:generation_tokens counter in /metrics: server-side and steady-state numbers missing")
+    else:
+        short = [f"c{row['concurrency']}" for row in rows if row["mode"] == "closed" and row["steady_tok_s"] is None]
+        if short:
+            notes.append(f"{', '.join(short)}: no /metrics interval with every stream decoding; raise --max-tokens "
+                         "or lower --interval for a steady-state number")
+    params = {**measure.request_params(payloads[0]), "fixed_length": used, "levels": levels, "rates": rates,
+              "requests_per_level": requests, "workload": workload, "metrics_interval_s": interval_s, "seed": seed,
+              "warmup": warmup}
+    return Result(kind="conc", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
+                  notes=notes)
+
+
+def plot_conc(result: Result, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (speed, latency) = plt.subplots(1, 2, figsize=(11, 4))
+    for mode, label in (("closed", "concurrency"), ("open", "rate")):
+        rows = [row for row in result.rows if row["mode"] == mode]
+        if not rows:
+            continue
+        xs = [row[label] for row in rows]
+        for key, style in (("aggregate_tok_s", "o-"), ("steady_tok_s", "s--"), ("per_stream_tok_s", "^:")):
+            speed.plot(xs, [row[key] if row[key] is not None else float("nan") for row in rows], style,
+                       label=f"{key} ({mode})")
+        for key, style in (("ttft_ms_p50", "o-"), ("ttft_ms_p99", "o--"), ("tpot_ms_p50", "^-")):
+            latency.plot(xs, [row[key] if row[key] is not None else float("nan") for row in rows], style,
+                         label=f"{key} ({mode})")
+    speed.set(xlabel="streams (closed) or requests/s (open)", ylabel="tok/s", title="throughput")
+    latency.set(xlabel="streams (closed) or requests/s (open)", ylabel="ms", title="latency", yscale="log")
+    speed.legend(fontsize=7)
+    latency.legend(fontsize=7)
+    fig.suptitle(f"{result.provenance.model} @ {result.provenance.url}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=100)
+    plt.close(fig)
+
+
+def parse_list(text: str, kind: type, option: str) -> list:
+    try:
+        values = [kind(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise UserError(f"{option} {text!r}: expected comma-separated numbers, like {option} 1,2,4,8") from None
+    if any(value <= 0 for value in values):
+        raise UserError(f"{option} {text!r}: every value must be above 0")
+    return values
+
+
+def main(target: Target, levels: str, rates: str, requests: int, workload: str, max_tokens: int,
+         fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, out: Path) -> int:
+    """levels/rates as typed on the command line; levels default to 1,2,4,8 when neither is given."""
+    rate_list = parse_list(rates, float, "--rates")
+    level_list = parse_list(levels or ("" if rate_list else "1,2,4,8"), int, "--levels")
+    result = run_conc(target.server(), level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
+                      warmup, target.profile, target.package)
+    publish(result, out, plot_conc)
+    return 0

@@ -1,0 +1,57 @@
+"""Talking to servers that are not there, that want a key, or that speak Prometheus."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from rigstack.client import parse_prometheus
+from tests.probes.helpers import last_line, run_script
+
+DEAD = "http://127.0.0.1:9/v1"  # port 9 (discard) is never served here
+
+SCRIPTS = [("bench.py",), ("conc.py",), ("needle.py",), ("qual.py",), ("probe_bang.py", "run")]
+
+
+@pytest.mark.parametrize("command", SCRIPTS, ids=[c[0] for c in SCRIPTS])
+def test_unreachable_url_is_one_line(tmp_path: Path, command: tuple[str, ...]) -> None:
+    process = run_script(*command, "--url", DEAD, "--model", "tiny", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert process.returncode == 1
+    assert last_line(process) == ("error: cannot reach http://127.0.0.1:9: ConnectError; start the server with "
+                                  "`python scripts/run_prod.py --profile NAME`")
+    assert not list(tmp_path.iterdir())  # nothing half-written
+
+
+def test_api_key_comes_from_env_and_is_never_written(tmp_path: Path, fake_server) -> None:
+    url = fake_server()
+    env = {**os.environ, "PROBE_TEST_KEY": "sekrit-123"}
+    process = run_script("bench.py", "--url", url, "--model", "fake", "--api-key-env", "PROBE_TEST_KEY",
+                         "--workload", "code", "--max-tokens", "4", "--out", str(tmp_path / "b"), env=env)
+    assert process.returncode == 0, process.stderr
+    written = (tmp_path / "b.json").read_text() + (tmp_path / "b.csv").read_text()
+    assert "sekrit" not in written + process.stdout + process.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["rows"][0]["tokens"] == 12  # 3 prompts x 4 tokens
+
+
+def test_missing_key_variable(tmp_path: Path) -> None:
+    env = {key: value for key, value in os.environ.items() if key != "PROBE_TEST_KEY"}
+    process = run_script("qual.py", "--url", DEAD, "--model", "m", "--api-key-env", "PROBE_TEST_KEY", env=env)
+    assert process.returncode == 1
+    assert "API key variable PROBE_TEST_KEY is not set" in last_line(process)
+
+
+def test_wrong_model_name(tmp_path: Path, fake_server) -> None:
+    process = run_script("bench.py", "--url", fake_server(), "--model", "nope", "--out", str(tmp_path / "b"))
+    assert process.returncode == 1
+    assert "model 'nope' is not served at" in last_line(process) and "(served: fake)" in last_line(process)
+
+
+def test_prometheus_sums_label_sets() -> None:
+    text = ('# HELP vllm:generation_tokens_total x\n# TYPE vllm:generation_tokens_total counter\n'
+            'vllm:generation_tokens_total{engine="0",model_name="a b"} 10.0\n'
+            'vllm:generation_tokens_total{engine="1",model_name="a b"} 5.0\n'
+            'vllm:num_requests_running{engine="0"} 2.0\n')
+    assert parse_prometheus(text) == {"vllm:generation_tokens_total": 15.0, "vllm:num_requests_running": 2.0}

@@ -1,0 +1,78 @@
+"""Every probe script against one real vLLM CPU server (the tiny model; its answers are nonsense, but the
+measuring must be right: fixed lengths, usage reconciled with the server's counter, grids, flags)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.probes.helpers import last_line, pristine_site, probe_server, run_script
+
+pytestmark = pytest.mark.server
+
+
+@pytest.fixture(scope="module")
+def url(vllm_server) -> str:
+    return probe_server(vllm_server, pristine_site()).url + "/v1"
+
+
+def _run(name: str, url: str, out: Path, *args: str) -> dict:
+    process = run_script(*name.split(), "--url", url, "--model", "tiny", "--out", str(out), *args)
+    assert process.returncode == 0, process.stderr
+    return json.loads(out.with_suffix(".json").read_text())
+
+
+def test_bench_pins_the_length(url: str, tmp_path: Path) -> None:
+    result = _run("bench.py", url, tmp_path / "b", "--workload", "code", "--workload", "prose", "--max-tokens", "24")
+    assert [row["workload"] for row in result["rows"]] == ["code", "prose"]
+    for row in result["rows"]:
+        assert (row["requests"], row["failed"], row["short"], row["tokens"]) == (3, 0, 0, 72)
+        assert row["decode_tok_s"] > 0 and row["ms_per_step"] > 0 and row["tokens_per_step"] == 1.0
+    params = result["provenance"]["params"]
+    assert params["fixed_length"] == "ignore_eos" and params["ignore_eos"] and params["temperature"] == 0.0
+    assert result["provenance"]["server_version"] == "0.32.0" and result["provenance"]["package"].endswith("vllm")
+    assert "no speculative decoding counters in /metrics" in result["notes"]
+
+
+def test_conc_reconciles_usage_with_the_server_counter(url: str, tmp_path: Path) -> None:
+    result = _run("conc.py", url, tmp_path / "c", "--levels", "1,2", "--rates", "8", "--requests", "4",
+                  "--max-tokens", "32", "--interval", "0.1")
+    rows = result["rows"]
+    assert [(row["mode"], row.get("concurrency", row.get("rate"))) for row in rows] == [
+        ("closed", 1), ("closed", 2), ("open", 8.0)]
+    for row in rows:
+        assert (row["ok"], row["failed"], row["output_tokens"]) == (4, 0, 128)
+        assert row["server_tokens"] == row["output_tokens"]  # client usage == vllm:generation_tokens delta
+        assert row["ttft_ms_p50"] <= row["ttft_ms_p99"] and row["tpot_ms_p50"] > 0 and row["e2e_ms_p99"] > 0
+    assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def test_needle_grid(url: str, tmp_path: Path) -> None:
+    result = _run("needle.py", url, tmp_path / "n", "--lengths", "512,1024,4096", "--depths", "0,1")
+    cells = {(row["length"], row["depth"]): row for row in result["rows"]}
+    assert len(cells) == 6
+    assert {cells[(4096, d)]["status"] for d in (0.0, 1.0)} == {"skipped"}  # the server's max_model_len is 2048
+    for length in (512, 1024):
+        for depth in (0.0, 1.0):
+            assert cells[(length, depth)]["status"] in ("pass", "fail")
+            assert abs(cells[(length, depth)]["prompt_tokens"] - length) < 0.1 * length
+    assert result["metrics"]["tried"]["value"] == 4 and (tmp_path / "n.png").stat().st_size > 1000
+
+
+def test_qual_requests_are_valid_protocol(url: str, tmp_path: Path) -> None:
+    result = _run("qual.py", url, tmp_path / "q", "--max-tokens", "48")
+    assert result["metrics"]["items"]["value"] == 11
+    # A random model answers nothing right, but the server must accept every request we send.
+    assert not [row for row in result["rows"] if row["why"].startswith("HTTP")]
+    assert result["notes"][0].endswith("of 11 items passed")
+
+
+def test_bang_is_clean_on_a_healthy_server(url: str, tmp_path: Path) -> None:
+    result = _run("probe_bang.py run", url, tmp_path / "g", "--max-tokens", "64", "--repeats", "3",
+                  "--prompt", "hello", "--prompt", "world")
+    assert result["metrics"]["clean"]["value"] == 1.0 and len(result["samples"]) == 6
+    assert result["provenance"]["params"]["vocab_size"] == 4106  # read from the served model's config.json
+    compared = run_script("compare.py", str(tmp_path / "g.json"), str(tmp_path / "g.json"))
+    assert compared.returncode == 0 and "fidelity PASS" in last_line(compared)
