@@ -8,6 +8,7 @@ Prints each time and the ratios a/b and c (target: a/b >= 4, c < 1 s). Runs are 
 
 from __future__ import annotations
 
+import os
 import shutil
 import statistics
 import subprocess
@@ -31,12 +32,14 @@ app = typer.Typer(add_completion=False)
 
 
 def _timed(command: list[str], cwd: Path | None = None) -> float:
+    os.sync()  # each run starts with no other run's writes still being flushed
     start = time.perf_counter()
     subprocess.run(command, cwd=cwd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - start
 
 
 def _naive(wheel: Path, patches: list[Path], work: Path) -> float:
+    os.sync()
     start = time.perf_counter()
     subprocess.run(["unzip", "-q", str(wheel), "vllm/*", "-d", str(work)], check=True)
     for step in (["git", "init", "-q"], ["git", "add", "-A"], ["git", "commit", "-qm", "baseline"]):
