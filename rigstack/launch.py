@@ -161,9 +161,9 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _live_members(record: RunRecord) -> list[int]:
-    """Live processes of the recorded group; none when the leader's pid now belongs to someone else."""
-    leader_ticks = _start_ticks(record.pgid)
-    if leader_ticks is not None and leader_ticks != record.start_ticks:
+    """Live processes of the recorded group; none when the recorded pid now belongs to someone else."""
+    ticks = _start_ticks(record.pid)
+    if ticks is not None and ticks != record.start_ticks:
         return []
     members = []
     for entry in Path("/proc").iterdir():

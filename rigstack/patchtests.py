@@ -98,11 +98,24 @@ def _check_package(package: Path, env: dict[str, str]) -> None:
 
 
 def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS) -> SuiteRun:
-    """Run pytest on `files` with `package` first on the import path; the outcome of every test."""
+    """Run pytest on `files` with `package` first on the import path; the outcome of every test.
+
+    Each test folder gets its own pytest process: once vLLM's Triton utilities are imported (as the patch tests do),
+    the kernel tests' Triton CPU interpreter fails on nested kernels, so tests/kernels must not share a process."""
     package = package.resolve()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent),
                                                                      os.environ.get("PYTHONPATH")]))}
     _check_package(package, env)
+    folders: dict[str, list[str]] = {}
+    for name in files:
+        folders.setdefault(str(Path(name).parent), []).append(name)
+    runs = [_run_pytest(package, group, markers, env) for group in folders.values()]
+    return SuiteRun(outcomes={k: v for run in runs for k, v in run.outcomes.items()},
+                    guards=frozenset().union(*(run.guards for run in runs)),
+                    broken_files=frozenset().union(*(run.broken_files for run in runs)))
+
+
+def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str]) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="rigstack-patchtests-") as scratch:
         report = Path(scratch) / "junit.xml"
         # A pristine package often cannot even import a patch's new module: keep going past collection errors.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -73,7 +74,7 @@ def test_exit_codes(tmp_path: Path, patched: Path, tiny: Path) -> None:
     assert "WARN host-ram" in strict.stdout and "the profile was measured with 100000" in strict.stdout
     failing = preflight("--profile", str(warns), "--model", str(tmp_path / "none"), "--package", str(patched))
     assert failing.returncode == 2
-    assert f"FAIL model         model folder {tmp_path}/none not found" in failing.stdout
+    assert re.search(rf"^FAIL model +model folder {tmp_path}/none not found$", failing.stdout, re.MULTILINE)
 
 
 def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, tiny: Path) -> None:
