@@ -13,10 +13,10 @@ def _interp_modules():
 
 
 @pytest.fixture
-def interp(_interp_modules):
+def interp(_interp_modules, monkeypatch):
     """The modules with their Triton kernels in Triton's CPU interpreter (how CI runs them)."""
-    with sm8x_load.interpreted(True):  # launches read it again
-        yield _interp_modules
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # read again at every launch
+    return _interp_modules
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,6 @@ kernels run in Triton's CPU interpreter, which is how CI (no GPU) runs them.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -27,7 +26,6 @@ import re
 import sys
 import tempfile
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,31 +34,6 @@ OPS = "vllm/v1/attention/ops/"
 KERNEL_MODULES = ("fp8_e4m3_sw", "triton_sparse_mla_sm8x", "triton_indexer_sm8x")
 KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-
-
-@contextlib.contextmanager
-def interpreted(flag: bool) -> Iterator[None]:
-    """Triton's interpreter on or off while kernels are decorated or launched.
-
-    The knob is set on Triton's Python object, not only through TRITON_INTERPRET: once something else in the process
-    (vLLM's own Triton kernels, imported by other tests) has read the variable, Triton's native side keeps the first
-    value it saw, and later changes of the environment do not reach it."""
-    from triton import knobs
-
-    saved = vars(knobs.runtime).get("interpret")
-    previous = os.environ.get("TRITON_INTERPRET")
-    knobs.runtime.interpret = flag
-    try:
-        yield
-    finally:
-        if saved is None:
-            vars(knobs.runtime).pop("interpret", None)
-        else:
-            knobs.runtime.interpret = saved
-        if previous is None:
-            os.environ.pop("TRITON_INTERPRET", None)
-        else:
-            os.environ["TRITON_INTERPRET"] = previous
 
 
 def _file_sections(patch_text: str) -> dict[str, list[str]]:
@@ -175,6 +148,14 @@ def load(interpret: bool = False, with_kpool: bool = False) -> types.SimpleNames
             os.replace(tmp, target)
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
-    with interpreted(interpret):
+    previous = os.environ.get("TRITON_INTERPRET")
+    # Triton decides interpreted-or-compiled when a kernel is decorated.
+    os.environ["TRITON_INTERPRET"] = "1" if interpret else "0"
+    try:
         modules = {name: importlib.import_module(f"{package}.{name}") for name in sources}
+    finally:
+        if previous is None:
+            os.environ.pop("TRITON_INTERPRET", None)
+        else:
+            os.environ["TRITON_INTERPRET"] = previous
     return types.SimpleNamespace(**modules)
