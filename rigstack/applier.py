@@ -19,7 +19,7 @@ from pathlib import Path
 
 from rigstack import __version__
 from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, dir_files, first_difference,
-                               match_flavour, pinned_wheel_files, tar_files)
+                               image_files, match_flavour, pinned_wheel_files, tracked_entries)
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
@@ -135,18 +135,7 @@ def _binary_cache(source: Source, pins: Pins) -> Path | None:
 def _source_files(source: Source, pins: Pins, binaries) -> Iterator[PackageFile]:  # noqa: ANN001
     if source.kind == "wheel":
         return pinned_wheel_files(pins, source.flavour, binaries)  # type: ignore[arg-type]
-    from rigstack import dockerapi  # only image sources need the docker SDK
-
-    return _image_files(dockerapi, source.ref, pins, binaries)  # type: ignore[arg-type]
-
-
-def _image_files(dockerapi, ref: str, pins: Pins, binaries) -> Iterator[PackageFile]:  # noqa: ANN001
-    with dockerapi.package_archive(ref, pins.vllm_image_package_path) as stream:
-        for file in tar_files(stream, Path(pins.vllm_image_package_path).name):
-            if file.binary:
-                binaries(file.path, file.mode, lambda data=file.data: data)
-                file = PackageFile(file.path, file.mode, b"", binary=True)
-            yield file
+    return image_files(source.ref, pins.vllm_image_package_path, binaries)  # type: ignore[arg-type]
 
 
 def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
@@ -160,17 +149,8 @@ def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dr
         work.run("config", "core.worktree", f"../../{repo.package.name}")
         printer = Fingerprint()
         untracked: list[str] = []
-
-        def tracked() -> Iterator[tuple[str, int, bytes]]:
-            for file in files:
-                printer.add(file.path, file.data)
-                if file.tracked:
-                    yield file.path, file.mode, file.data
-                elif file.binary:
-                    untracked.append(file.path)
-
         with work.fast_import() as stream:
-            stream.commit(tracked(), f"baseline: {source.label}\n")
+            stream.commit(tracked_entries(files, printer, untracked), f"baseline: {source.label}\n")
         work.exclude(untracked)
         flavour = _verify_baseline(printer, source, pins)
         baseline = work.rev("refs/heads/rigstack")

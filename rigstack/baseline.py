@@ -257,6 +257,35 @@ def tar_files(stream: io.BufferedIOBase, prefix: str) -> Iterator[PackageFile]:
             yield PackageFile(path, 0o100755 if member.mode & 0o111 else 0o100644, data, is_binary(path, data))
 
 
+def image_files(ref: str, package_path: str,
+                binary_sink: Callable[[str, int, Callable[[], bytes]], None]) -> Iterator[PackageFile]:
+    """The package's files read out of a local Docker image (never run); binaries go to binary_sink, as for wheels."""
+    from rigstack import dockerapi  # only image sources need the docker SDK
+
+    with dockerapi.package_archive(ref, package_path) as stream:
+        for file in tar_files(stream, PurePosixPath(package_path).name):
+            if file.binary:
+                binary_sink(file.path, file.mode, lambda data=file.data: data)
+                file = PackageFile(file.path, file.mode, b"", binary=True)
+            yield file
+
+
+def ignore_binaries(path: str, mode: int, read: Callable[[], bytes]) -> None:
+    """A binary sink for readers of text only: compiled objects are never patched, so not even decompressed."""
+
+
+def tracked_entries(files: Iterator[PackageFile], printer: Fingerprint,
+                    untracked: list[str] | None = None) -> Iterator[tuple[str, int, bytes]]:
+    """(path, mode, data) of the files git tracks, for a baseline commit; every file feeds the fingerprint and
+    binaries are listed in `untracked` (so git status can ignore them)."""
+    for file in files:
+        printer.add(file.path, file.data)
+        if file.tracked:
+            yield file.path, file.mode, file.data
+        elif file.binary and untracked is not None:
+            untracked.append(file.path)
+
+
 def _walk(package: Path) -> Iterator[PackageFile]:
     for root, dirs, names in os.walk(package):
         dirs[:] = sorted(d for d in dirs if d != "__pycache__")

@@ -37,8 +37,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rigstack import __version__, applier
-from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetch_wheel, parse_source, release_wheel,
-                               sha256_of, tar_files, wheel_files)
+from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetch_wheel, ignore_binaries, image_files,
+                               parse_source, release_wheel, sha256_of, tracked_entries, wheel_files)
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
@@ -237,25 +237,7 @@ def _release(source: Source, to: str, sha256: str | None, pins: Pins) -> _Releas
             raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point --from dir: at "
                             f"a vLLM {to} package")
         return _Release(source.label, "gpu", None, None, lambda: dir_files(package))
-    return _Release(source.label, "gpu", None, None, lambda: _image_files(source.ref or "", pins))
-
-
-def _image_files(ref: str, pins: Pins) -> Iterator[PackageFile]:
-    from rigstack import dockerapi  # only image sources need the docker SDK
-
-    with dockerapi.package_archive(ref, pins.vllm_image_package_path) as stream:
-        yield from tar_files(stream, Path(pins.vllm_image_package_path).name)
-
-
-def _no_binaries(path: str, mode: int, read: Callable[[], bytes]) -> None:
-    """Porting reads only text: compiled objects are never patched, so they are not even decompressed."""
-
-
-def _tracked(files: Iterator[PackageFile], printer: Fingerprint) -> Iterator[tuple[str, int, bytes]]:
-    for file in files:
-        printer.add(file.path, file.data)
-        if file.tracked:
-            yield file.path, file.mode, file.data
+    return _Release(source.label, "gpu", None, None, lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
 
 
 def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:
@@ -272,7 +254,7 @@ def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, r
             store.init()
             store.run("config", "fastimport.unpackLimit", "0")  # always a pack, even for a tiny package
         printer = Fingerprint()
-        commit = store.import_commit(_tracked(wheel_files(wheel, _no_binaries), printer),
+        commit = store.import_commit(tracked_entries(wheel_files(wheel, ignore_binaries), printer),
                                      f"baseline: vLLM {version} ({wheel.name})\n", f"refs/baselines/{sha256}")
         packs = sorted(store.packs())  # fast-import writes only blobs the store lacks: the commit needs them all
         entry = {"wheel": wheel.name, "commit": commit, "fingerprint": printer.value,
@@ -300,7 +282,7 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
         new_commit, new_print = _wheel_baseline(repo, release.wheel, release.sha256, to, NEW_BASELINE)
     else:
         printer = Fingerprint()
-        new_commit = repo.import_commit(_tracked(release.files(), printer), f"baseline: vLLM {to} ({release.label})\n",
+        new_commit = repo.import_commit(tracked_entries(release.files(), printer), f"baseline: vLLM {to} ({release.label})\n",
                                         NEW_BASELINE)
         new_print = printer.value
     if release.wheel is None:
