@@ -85,17 +85,23 @@ def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = Non
     """Bring the package of `source` to exactly `stack` (idempotent); with dry_run, only report what would happen."""
     package = package_for(source, out, pins)
     repo = PackageRepo(package)
-    if repo.exists:
+    if repo.exists and (read_stamp(package) is not None or (repo.git_dir.parent / JOURNAL).exists()):
         return _update(repo, source, stack, pins, dry_run, notes)
+    if repo.exists and not dry_run:
+        # A first apply killed before its checkout (which writes the journal first) left only the state beside the
+        # package; the package itself was never touched. Start over.
+        _forget(repo)
+        notes = notes + ("removed what an interrupted first apply had left beside the package",)
     if source.kind == "dir":
         if not package.is_dir():
             raise UserError(f"{package} does not exist; point --from dir: at an extracted vllm package")
         try:
             result = _first_apply(repo, source, stack, pins, dry_run, notes, dir_files(package), binaries=None)
         except BaseException:
-            _forget(repo)
+            if not dry_run:
+                _forget(repo)
             raise
-        if not result.written:
+        if not result.written and not dry_run:
             _forget(repo)
         return result
     if package.parent.exists() and any(package.parent.iterdir()):

@@ -251,6 +251,23 @@ def test_an_interrupted_first_apply_leaves_nothing_behind(cpu_package: Path, two
     _assert_untouched(cpu_package, before)
 
 
+def test_a_killed_first_apply_is_started_over(cpu_package: Path, two_patches: Path, pins,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    def killed(*args, **kwargs):  # noqa: ANN002, ANN003
+        raise KeyboardInterrupt
+
+    # kill -9 gives no chance to clean up: the state beside the package stays behind.
+    monkeypatch.setattr(applier, "commit_series", killed)
+    monkeypatch.setattr(applier, "_forget", lambda repo: None)
+    with pytest.raises(KeyboardInterrupt):
+        _apply(cpu_package, two_patches, pins)
+    monkeypatch.undo()
+    assert state_dir_for(cpu_package).is_dir() and read_stamp(cpu_package) is None
+    result = _apply(cpu_package, two_patches, pins)
+    assert result.written and any("interrupted first apply" in note for note in result.notes)
+    assert read_stamp(cpu_package).patch_ids == ("0001", "0002")
+
+
 def test_check_writes_nothing(cpu_package: Path, two_patches: Path, pins) -> None:
     before = _tree_state(cpu_package)
     result = _apply(cpu_package, two_patches, pins, dry_run=True)
