@@ -293,9 +293,8 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
 
 
 def _hunk_at(patch: Patch, path: str, line: int) -> str:
-    starts = patch.hunks_by_file.get(path, [])
-    number = starts.index(line) + 1 if line in starts else None
-    return f"hunk {number} of vllm/{path} (line {line})" if number else f"vllm/{path} at line {line}"
+    hunk = next((hunk for hunk in patch.hunks.get(path, []) if hunk.old_start == line), None)
+    return f"hunk {hunk.number} of vllm/{path} (line {line})" if hunk else f"vllm/{path} at line {line}"
 
 
 def _failure_message(patch: Patch, result: PatchResult) -> str:

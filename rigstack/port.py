@@ -42,7 +42,7 @@ from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetc
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
-from rigstack.stack import DEFAULT_PATCHES_DIR, Patch, Stack, load_stack
+from rigstack.stack import DEFAULT_PATCHES_DIR, Hunk, Patch, Stack, load_stack, parse_hunks
 from rigstack.stamp import Stamp, StampedPatch, write_stamp
 from rigstack.versions import VERSIONS_FILE, Pins, update_pins
 
@@ -55,8 +55,6 @@ CPU_BASELINE = "refs/port/cpu-baseline"
 ACTIONS = ("start", "continue", "skip", "abort", "report-only", "write")
 WRITABLE = ("clean", "refreshed", "moved", "upstreamed", "dropped")
 _VERSION = re.compile(r"\d+(\.\d+)+([.+-]?[A-Za-z0-9.]+)?")
-_DIFF_GIT = re.compile(r"^diff --git a/vllm/(\S+) b/vllm/(\S+)$")
-_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _MARKERS = ("<<<<<<< ", "||||||| ", ">>>>>>> ")
 
 
@@ -392,48 +390,6 @@ def _hunk_bodies(diff: str) -> list[str]:
 
 
 # --- conflicts, drift -------------------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Hunk:
-    number: int  # 1-based, per file
-    old_start: int
-    lines: tuple[str, ...]  # body lines, each with its ' ', '-' or '+' mark
-
-    def changed_old_lines(self) -> list[int]:
-        """Old-side lines the hunk removes, and for an insertion the line it follows."""
-        touched, line = [], self.old_start
-        for text in self.lines:
-            if text.startswith("-"):
-                touched.append(line)
-                line += 1
-            elif text.startswith("+"):
-                touched.append(max(line - 1, 1))
-            elif text.startswith(" "):
-                line += 1
-        return touched
-
-
-def parse_hunks(diff: str) -> dict[str, list[Hunk]]:
-    """Package-relative path (new side) -> its hunks, in order."""
-    files: dict[str, list[Hunk]] = {}
-    current: str | None = None
-    start, body = 0, None
-    for line in diff.splitlines() + ["diff --git a/vllm/end b/vllm/end"]:
-        match = _DIFF_GIT.match(line)
-        header = _HUNK.match(line)
-        if (match or header) and body is not None and current is not None:
-            files[current].append(Hunk(len(files[current]) + 1, start, tuple(body)))
-            body = None
-        if match:
-            current = match.group(2)
-            files.setdefault(current, [])
-        elif header:
-            start, body = int(header.group(1)), []
-        elif body is not None and line[:1] in (" ", "-", "+"):
-            body.append(line)
-    files.pop("end", None)
-    return files
-
 
 def _marker_regions(text: str) -> list[tuple[int, int, list[str], list[str]]]:
     """(first line, last line, base lines, patch lines) of each conflict in a diff3-style merged file."""

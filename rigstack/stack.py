@@ -20,6 +20,7 @@ _REQUIRED = ("subject", "why", "origin", "upstream", "switch", "rigs", "tests")
 _OPTIONAL = ("reverts",)
 _ENV_VAR = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])=")
 _DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
+_HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
 
 
 @dataclass(frozen=True)
@@ -46,18 +47,54 @@ class Patch:
     touched_files: tuple[str, ...]  # relative to the package, e.g. "parser/glm47_moe.py"
 
     @property
-    def hunks_by_file(self) -> dict[str, list[int]]:
-        """Each touched file's hunk start lines (old side), in order: to name 'hunk N' in errors."""
-        hunks: dict[str, list[int]] = {}
-        current = None
-        for line in self.diff.splitlines():
-            match = _DIFF_GIT.match(line)
-            if match:
-                current = _package_relative(match.group(1))
-                hunks[current] = []
-            elif line.startswith("@@ ") and current is not None:
-                hunks[current].append(int(line.split()[1].lstrip("-").split(",")[0]))
-        return hunks
+    def hunks(self) -> dict[str, list[Hunk]]:
+        return parse_hunks(self.diff)
+
+
+@dataclass(frozen=True)
+class Hunk:
+    number: int  # 1-based, per file: how errors and port reports name it
+    old_start: int
+    lines: tuple[str, ...]  # body lines, each with its ' ', '-' or '+' mark
+
+    def changed_old_lines(self) -> list[int]:
+        """Old-side lines the hunk removes, and for an insertion the line it follows."""
+        touched, line = [], self.old_start
+        for text in self.lines:
+            if text.startswith("-"):
+                touched.append(line)
+                line += 1
+            elif text.startswith("+"):
+                touched.append(max(line - 1, 1))
+            elif text.startswith(" "):
+                line += 1
+        return touched
+
+
+def parse_hunks(diff: str) -> dict[str, list[Hunk]]:
+    """Package-relative path -> its hunks, in order."""
+    files: dict[str, list[Hunk]] = {}
+    current: list[Hunk] | None = None
+    start, body = 0, None
+
+    def close() -> None:
+        if body is not None and current is not None:
+            current.append(Hunk(len(current) + 1, start, tuple(body)))
+
+    for line in diff.splitlines():
+        match = _DIFF_GIT.match(line)
+        header = _HUNK.match(line)
+        if match or header:
+            close()
+            body = None
+        if match:
+            current = files.setdefault(_package_relative(match.group(2)), [])
+        elif header:
+            start, body = int(header.group(1)), []
+        elif body is not None and line[:1] in (" ", "-", "+"):
+            body.append(line)
+    close()
+    return files
 
 
 @dataclass(frozen=True)
