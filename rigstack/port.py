@@ -316,12 +316,14 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
     repo = _repo(work)
     for position in range(state.next, len(stack.patches)):
         patch, entry = stack.patches[position], state.patches[position]
-        base = state.old_commits[position - 1] if position else state.old.commit
+        base, theirs, held = _old_change(repo, state, patch, position)
         head_tree = repo.tree_of(state.head)
-        outcome = repo.cherry_merge(base, head_tree, state.old_commits[position],
-                                    (f"vllm-{state.new.version}", patch.file))
+        outcome = repo.cherry_merge(base, head_tree, theirs, (f"vllm-{state.new.version}", patch.file))
         if not outcome.conflicted:
             _record(repo, state, patch, entry, outcome.tree, "merged by git")
+            if held and entry.status != "upstreamed":
+                entry.detail += (f"; vLLM {state.old.version} holds this change and {state.new.version} does not: "
+                                 "the patch is needed again")
         elif repo.applies_to(head_tree, patch.path, "-R").ok:
             entry.status, entry.detail = "upstreamed", f"its reverse applies to vLLM {state.new.version}"
         else:
@@ -340,6 +342,27 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
         if not state.report_only:
             _save(work, state)  # a Ctrl-C between patches resumes here with --continue
     return _finish(work, repo, state)
+
+
+def _old_change(repo: PackageRepo, state: PortState, patch: Patch, position: int) -> tuple[str, str, bool]:
+    """(merge base, commit, whether the old release held the change) that carry the patch's change on the old line.
+
+    A patch the old release already holds (already-applied) made an empty commit there, and merging nothing would
+    call it upstreamed whatever the new release holds. Its change is then the old release's file with the patch's
+    change taken out again -> the old release's file: the merge applies it, or finds it in the new release."""
+    base = state.old_commits[position - 1] if position else state.old.commit
+    commit = state.old_commits[position]
+    old_tree = repo.tree_of(base)
+    if repo.tree_of(commit) != old_tree:
+        return base, commit, False
+    with tempfile.TemporaryDirectory(prefix="rigstack-index-") as tmp:
+        index = Path(tmp) / "index"
+        repo.read_tree_into(index, old_tree)
+        reverse = repo.apply_to_index(patch.path, index, "-R")
+        assert reverse.ok, f"{patch.file} was already-applied on vLLM {state.old.version}: {reverse.output}"
+        without = repo.commit_tree(repo.write_tree(index), None, f"port: vLLM {state.old.version} without "
+                                                                  f"{patch.file}\n")
+    return without, repo.commit_tree(old_tree, without, applier.commit_message(patch, "already-applied")), True
 
 
 def _record(repo: PackageRepo, state: PortState, patch: Patch, entry: PortedPatch, tree: str, how: str) -> None:

@@ -344,3 +344,46 @@ def test_cli_real_stack_stops_at_a_conflict_refuses_write_and_aborts(tmp_path: P
     assert aborted.returncode == 0 and not area.exists()
     assert {path.name: path.read_bytes() for path in patches.iterdir()} == before
     assert (REPO_ROOT / "versions.env").read_bytes() == pins_before
+
+
+# 0.33.0 dropped two lines of kv_transfer_state.py that 0.32.0 has, and gained a block of fused_moe_router.py.
+KV_STATE = "distributed/kv_transfer/kv_transfer_state.py"
+ROUTER = "model_executor/layers/fused_moe/router/fused_moe_router.py"
+
+
+def _real_new_text(path: str) -> str:
+    wheel = release_wheel("vllm", REAL_NEW)
+    assert wheel is not None
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.read(f"vllm/{path}").decode()
+
+
+def _needed_again(patch_maker: PatchMaker, folder: Path, name: str = "0001-nixl-interleave.patch") -> Path:
+    """A patch 0.32.0 already holds (its change is in the baseline: already-applied) that 0.33.0 took out again."""
+    return patch_maker.write(folder, name, {KV_STATE: patch_maker.read(KV_STATE)},
+                             on_top_of={KV_STATE: _real_new_text(KV_STATE)})
+
+
+def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: PatchMaker, tmp_path: Path) -> None:
+    """Issue 11 item 26: already-applied on 0.32.0, but 0.33.0 does not hold the change: the patch is needed again,
+    and --write keeps it (it used to become a .upstreamed note: the change was lost)."""
+    folder = tmp_path / "patches"
+    _needed_again(patch_maker, folder)
+    logger = patch_maker.read("logger.py")  # the same in both releases
+    patch_maker.write(folder, "0002-logger-held.patch", {"logger.py": logger},
+                      on_top_of={"logger.py": logger.replace("import ", "# before\nimport ", 1)})
+    original = (folder / "0001-nixl-interleave.patch").read_bytes()
+    versions = tmp_path / "versions.env"
+    shutil.copy(REPO_ROOT / "versions.env", versions)
+    run = dict(patches_dir=folder, work_root=tmp_path / "build", versions_file=versions)
+    done = port.port("start", load_pins(), to=REAL_NEW, **run)
+    entry, held = done.state.patches
+    assert (done.state.status, entry.status, held.status) == ("done", "clean", "upstreamed"), entry.detail
+    assert f"vLLM {load_pins().vllm_version} holds this change and {REAL_NEW} does not" in entry.detail
+    area = Path(done.work)
+    assert "adjust_dcp_kv_cache_interleave_size" in (area / "vllm" / KV_STATE).read_text()
+    written = port.port("write", load_pins(versions), to=REAL_NEW, **run)
+    assert written.state.status == "written"
+    names = sorted(path.name for path in folder.iterdir())
+    assert names == ["0001-nixl-interleave.patch", "0002-logger-held.upstreamed"]
+    assert (folder / "0001-nixl-interleave.patch").read_bytes() == original, "the same change, the same text"
