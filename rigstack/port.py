@@ -11,8 +11,9 @@ A port lives in a work area, build/port-<old>-to-<new>/, laid out like a package
 
 Statuses: clean (same hunks; only the blob ids in the index lines change), refreshed (offset, or merged by git or
 by hand: the patch text changes), upstreamed (the merge leaves nothing to change, or the patch's reverse applies to
-the new release), moved (a file it touches was renamed upstream and the patch followed it), conflict, dropped
-(--skip). Clean, refreshed and moved patches also get a drift warning for every function they touch that changed
+the new release; a patch the old release already held is merged as the change it is, so it is upstreamed only if
+the new release holds it too), moved (a file it touches was renamed upstream and the patch followed it), conflict
+(which says "looks upstreamed" when most lines it adds are in the new release), dropped (--skip). Clean, refreshed and moved patches also get a drift warning for every function they touch that changed
 upstream between the two releases.
 
 `--write` replaces the stack in patches/ (same header, numbering kept, written by applier.export) and the pins in
@@ -72,6 +73,7 @@ class PortedPatch(BaseModel):
     files: list[str] = []
     moved: dict[str, str] = {}  # old path -> new path
     conflicts: list[ConflictSite] = []
+    upstream_lines: list[int] = []  # a conflict: [lines it adds that the new release already has, lines it adds]
     drift: list[str] = []
     commit: str | None = None
 
@@ -330,8 +332,10 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
             entry.status, entry.files = "conflict", list(outcome.conflicted)
             entry.conflicts = _conflict_sites(repo, patch, outcome.tree, outcome.conflicted, outcome.messages,
                                               state.old.version)
-            entry.detail = "; ".join(f"{site.hunk} of {site.file} (merged lines {site.lines})"
-                                     for site in entry.conflicts)
+            entry.upstream_lines = list(_lines_upstream(repo, base, state.new.commit, patch, outcome.conflicted))
+            lead = _looks_upstreamed(entry, state.new.version)
+            sites = [f"{site.hunk} of {site.file} (merged lines {site.lines})" for site in entry.conflicts]
+            entry.detail = "; ".join(([lead] if lead else []) + sites)
             if stop:
                 repo.set_branch(state.head)
                 repo.lay_tree(outcome.tree)
@@ -413,6 +417,33 @@ def _hunk_bodies(diff: str) -> list[str]:
 
 
 # --- conflicts, drift -------------------------------------------------------------------------------------------------
+
+LOOKS_UPSTREAMED = 0.8  # this share of the lines a conflicting patch adds already upstream: most likely taken
+
+
+def _lines_upstream(repo: PackageRepo, old: str, new: str, patch: Patch,
+                    conflicted: tuple[str, ...]) -> tuple[int, int]:
+    """(how many of the lines the patch adds the new release already has, how many it adds). Blank lines and lines
+    the old file already had say nothing about upstream taking the change, so they do not count."""
+    moved = _moved(patch.touched_files, list(conflicted), repo, new)
+    present = added = 0
+    for path, hunks in patch.hunks.items():
+        old_lines = {line.strip() for line in (repo.blob_text(old, path) or "").splitlines()}
+        new_lines = {line.strip() for line in (repo.blob_text(new, moved.get(path, path)) or "").splitlines()}
+        for text in (text[1:].strip() for hunk in hunks for text in hunk.lines if text.startswith("+")):
+            if text and text not in old_lines:
+                added += 1
+                present += text in new_lines
+    return present, added
+
+
+def _looks_upstreamed(entry: PortedPatch, version: str) -> str:
+    """A lead for the detail of a conflict whose added lines are mostly in the new release already."""
+    present, added = entry.upstream_lines or (0, 0)
+    if not added or present / added < LOOKS_UPSTREAMED:
+        return ""
+    return f"looks upstreamed: {present} of the {added} lines it adds ({100 * present // added}%) are in vLLM {version}"
+
 
 def _marker_regions(text: str) -> list[tuple[int, int, list[str], list[str]]]:
     """(first line, last line, base lines, patch lines) of each conflict in a diff3-style merged file."""
@@ -695,15 +726,19 @@ def _report(work: Path, state: PortState) -> PortReport:
                                                     "`python apply.py port --write`")
     entry = state.patches[state.next]
     first = entry.conflicts[0]
-    steps = (f"the work tree {work / 'vllm'} holds the conflict markers (diff3 style: "
+    lead = _looks_upstreamed(entry, state.new.version)
+    skip = f"if vLLM {state.new.version} does what the patch does, drop it with `python apply.py port --skip`"
+    steps = (*((f"it {lead}: {skip}",) if lead else ()),
+             f"the work tree {work / 'vllm'} holds the conflict markers (diff3 style: "
              f"<<<<<<< vLLM {state.new.version} ||||||| old base ======= the patch >>>>>>>):",
              *(f"  {site.file} lines {site.lines}: {site.hunk}" for site in entry.conflicts),
              f"  (the patch's change as merged so far: `git --git-dir={work / 'vllm.rigstack' / 'git'} diff HEAD`)",
              "edit them into the change the patch should make, then `python apply.py port --continue`",
              "`python apply.py port --skip` drops this patch (recorded as dropped)",
              "`python apply.py port --abort` removes the port: back to the state before it")
-    error = (f"patch {entry.file} conflicts with vLLM {state.new.version} ({first.hunk} of {first.file}); edit "
-             f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
+    error = (f"patch {entry.file} conflicts with vLLM {state.new.version} ({first.hunk} of {first.file}); "
+             + (f"it {lead}: {skip}, else edit " if lead else "edit ")
+             + f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
     return PortReport(str(work), state, error=error, instructions=steps)
 
 
