@@ -449,21 +449,31 @@ def status(package: Path) -> dict:
 
 
 def export(package: Path, to: Path) -> list[Path]:
-    """Regenerate the patch files from the package's commits (header from the message, diff from git)."""
+    """Regenerate the patch files from the package's commits (header from the message, diff from git).
+
+    A patch whose change the baseline already held (already-applied) made a commit with no diff: there is nothing to
+    regenerate it from. The others are written, then an error names the ones left out, so a script that replaces
+    patches/ with the export stops before it loses them."""
     repo, stamp = _patched_repo(package)
     to.mkdir(parents=True, exist_ok=True)
-    written = []
-    for commit, message in repo.log(stamp.baseline_commit, stamp.head_commit):
+    written, left_out = [], []
+    commits = repo.log(stamp.baseline_commit, stamp.head_commit)
+    for commit, message in commits:
         trailer = _trailers(message)
         header = message[message.index("\n\n") + 2: message.rindex("\n" + TRAILER)]
         diff = repo.diff(commit + "^", commit)
         if not diff:
-            continue  # already in the baseline: there is no change left to write
+            left_out.append(trailer["Rigstack-Patch"])
+            continue
         target = to / trailer["Rigstack-Patch"]
         tmp = target.with_suffix(".tmp")
         tmp.write_bytes((header + SEPARATOR + diff).encode())
         os.replace(tmp, target)
         written.append(target)
+    if left_out:
+        raise UserError(f"{to}: wrote {len(written)} of {len(commits)} patch files; left out {', '.join(left_out)}: "
+                        "the baseline already held their change (already-applied), so their commits hold no diff "
+                        "to export. Keep the original patch files as they are")
     return written
 
 
