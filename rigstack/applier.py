@@ -33,6 +33,7 @@ TRAILER = "Rigstack-Patch: "
 # Statuses that let the stack go on; any other stops it before anything is written.
 GOOD = ("applied", "offset", "already-applied")
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+_CHECKING = re.compile(r"Checking patch (.+)\.\.\.$")
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
 _MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
 
@@ -272,11 +273,9 @@ def commit_series(repo: PackageRepo, start: str,
 def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
     forward = repo.apply_to_index(patch.path, index)
     if forward.ok:
-        offsets = _OFFSET.findall(forward.output)
+        offsets = _offsets(forward.output)
         if offsets:
-            where = ", ".join(f"hunk {hunk} by {int(delta):+d}" for hunk, _, delta in offsets[:3])
-            more = f" and {len(offsets) - 3} more" if len(offsets) > 3 else ""
-            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}{more} lines")
+            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {offsets}")
         return PatchResult(patch.id, patch.file, "applied")
     if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
         # The baseline was verified pristine, so a change already in it came from upstream.
@@ -292,14 +291,31 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
     return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply")
 
 
+def _offsets(output: str, shown: int = 3) -> str:
+    """The hunks git applied at other lines, by file (git numbers hunks per file); empty when none moved."""
+    moved, path = [], ""
+    for line in output.splitlines():
+        checking, offset = _CHECKING.match(line), _OFFSET.match(line)
+        path = checking.group(1) if checking else path
+        if offset:
+            moved.append((path, f"hunk {offset.group(1)} by {int(offset.group(3)):+d} lines"))
+    by_file: dict[str, list[str]] = {}
+    for path, hunk in moved[:shown]:
+        by_file.setdefault(path, []).append(hunk)
+    listed = "; ".join(f"vllm/{path}: {', '.join(hunks)}" for path, hunks in by_file.items())
+    left = len(moved) - shown
+    return listed + (f" and {left} more hunk{'s' if left > 1 else ''}" if left > 0 else "")
+
+
 def _hunk_at(patch: Patch, path: str, line: int) -> str:
     hunk = next((hunk for hunk in patch.hunks.get(path, []) if hunk.old_start == line), None)
     return f"hunk {hunk.number} of vllm/{path} (line {line})" if hunk else f"vllm/{path} at line {line}"
 
 
 def _failure_message(patch: Patch, result: PatchResult) -> str:
-    advice = "Run `python apply.py port` or refresh the patch" if result.status in ("fuzz", "conflict") \
-        else "Check the baseline or drop the patch"
+    # The baseline was verified to be the pin: a patch that does not fit it was made against other source.
+    advice = "Refresh the patch against the pinned vLLM (patches/README.md says how)" \
+        if result.status in ("fuzz", "conflict") else "Check the baseline or drop the patch"
     return f"patch {patch.file}: {result.detail}. {advice}; nothing was written."
 
 
