@@ -43,6 +43,7 @@ from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetc
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
+from rigstack.report import print_stack_result
 from rigstack.stack import DEFAULT_PATCHES_DIR, Hunk, Patch, Stack, load_stack, parse_hunks
 from rigstack.stamp import Stamp, StampedPatch, write_stamp
 from rigstack.versions import VERSIONS_FILE, Pins, update_pins
@@ -114,11 +115,23 @@ class PortReport:
     error: str | None = None
     instructions: tuple[str, ...] = ()
     message: str = ""
+    old_stack: applier.StackResult | None = None  # the stack on the pinned release, when it does not apply there
 
     def to_json(self) -> dict:
-        state = self.state.model_dump(mode="json") if self.state else {}
+        """One shape for every outcome: a port's state, or (when there is none) status "failed" and the error."""
+        state = self.state.model_dump(mode="json") if self.state else {"status": "failed"}
+        old = {"old_stack": self.old_stack.to_json()} if self.old_stack else {}
         return {"work": self.work, "error": self.error, "next_steps": list(self.instructions), "message": self.message,
-                **state}
+                **state, **old}
+
+
+class _NotOnThePin(UserError):
+    """The stack does not apply to the release it is pinned to: there is nothing to port yet."""
+
+    def __init__(self, result: applier.StackResult, version: str) -> None:
+        super().__init__(f"the stack does not apply to its own baseline vLLM {version}, so it cannot be ported: "
+                         f"{result.error}")
+        self.result = result
 
 
 def action_of(cont: bool = False, skip: bool = False, abort: bool = False, report_only: bool = False,
@@ -179,7 +192,10 @@ def _start(to: str, source: Source, patches_dir: Path, sha256: str | None, pins:
     work_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.tmp-", dir=work_root))
     try:
-        state = _build(staging, stack, patches_dir, release, to, pins, report_only)
+        try:
+            state = _build(staging, stack, patches_dir, release, to, pins, report_only)
+        except _NotOnThePin as broken:
+            return PortReport(None, None, error=str(broken), old_stack=broken.result)
         if report_only:
             state = _replay(staging, state, stack, stop=False)
             return PortReport(None, state, message="report only: nothing was kept")
@@ -292,7 +308,9 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
                             f"source of vLLM {to}")
     results, final, error = applier.commit_series(repo, old_commit, stack.patches)
     if error:
-        raise UserError(f"the stack does not apply to its own baseline vLLM {pins.vllm_version}: {error}")
+        raise _NotOnThePin(applier.StackResult(f"vLLM {pins.vllm_version} ({old_wheel.name})", f"wheel:{old_flavour}",
+                                               old_flavour, old_print, stack.stack_hash, tuple(results), error=error,
+                                               dry_run=True), pins.vllm_version)
     repo.run("update-ref", OLD_STACK, final)
     old_commits = [commit for commit, _ in repo.log(old_commit, final)]
     assert len(old_commits) == len(stack.patches)
@@ -747,6 +765,8 @@ _STYLE = {"clean": "green", "refreshed": "yellow", "moved": "cyan", "upstreamed"
 
 
 def print_report(report: PortReport, console: Console) -> None:
+    if report.old_stack:
+        print_stack_result(report.old_stack, console)
     state = report.state
     if state is not None:
         table = Table(title=f"port: vLLM {state.old.version} -> {state.new.version} ({state.new.source})",

@@ -399,3 +399,27 @@ def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: Patc
     names = sorted(path.name for path in folder.iterdir())
     assert names == ["0001-nixl-interleave.patch", "0002-logger-held.upstreamed", "0003-router-backport.dropped"]
     assert (folder / "0001-nixl-interleave.patch").read_bytes() == original, "the same change, the same text"
+
+
+def test_cli_json_in_every_outcome(patch_maker: PatchMaker, tmp_path: Path) -> None:
+    """Issue 11 item 27: a stack that fails on its own pin printed no JSON (and advised `apply.py port` to port)."""
+    folder = tmp_path / "patches"
+    logger = patch_maker.read("logger.py")
+    patch_maker.write(folder, "0001-stale.patch", {"logger.py": logger.replace("import ", "# new\nimport ", 1)},
+                      on_top_of={"logger.py": logger.replace("import ", "# old\nimport ", 1)})
+    work = tmp_path / "build"
+    result = run_apply("port", "--to", REAL_NEW, "--patches", str(folder), "--json", "--work", str(work))
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    pinned = load_pins().vllm_version
+    assert report["status"] == "failed" and report["error"] in one_line_error(result)
+    assert report["error"].startswith(f"the stack does not apply to its own baseline vLLM {pinned}, so it cannot be "
+                                      "ported: patch 0001-stale.patch: hunk 1 of vllm/logger.py")
+    assert "apply.py port" not in report["error"] and "Refresh the patch against the pinned vLLM" in report["error"]
+    assert [(p["id"], p["status"]) for p in report["old_stack"]["patches"]] == [("0001", "conflict")]
+    assert "0001-stale.patch" in result.stderr and "conflict" in result.stderr, "the table goes to stderr"
+    assert not work.exists() or not any(work.iterdir()), "nothing is kept"
+    refused = run_apply("port", "--continue", "--json", "--work", str(work))
+    assert refused.returncode == 1
+    assert json.loads(refused.stdout) == {"work": None, "error": one_line_error(refused).removeprefix("error: "),
+                                          "next_steps": [], "message": "", "status": "failed"}
