@@ -13,8 +13,9 @@ Statuses: clean (same hunks; only the blob ids in the index lines change), refre
 by hand: the patch text changes), upstreamed (the merge leaves nothing to change, or the patch's reverse applies to
 the new release; a patch the old release already held is merged as the change it is, so it is upstreamed only if
 the new release holds it too), moved (a file it touches was renamed upstream and the patch followed it), conflict
-(which says "looks upstreamed" when most lines it adds are in the new release), dropped (--skip). Clean, refreshed and moved patches also get a drift warning for every function they touch that changed
-upstream between the two releases.
+(which says "looks upstreamed" when most lines it adds are in the new release), dropped (--skip). Clean, refreshed
+and moved patches also get a drift warning for every function they touch that changed upstream between the two
+releases.
 
 `--write` replaces the stack in patches/ (same header, numbering kept, written by applier.export) and the pins in
 versions.env. A patch that was upstreamed or dropped is removed and a note takes its place: NNNN-slug.upstreamed
@@ -253,7 +254,8 @@ def _release(source: Source, to: str, sha256: str | None, pins: Pins) -> _Releas
             raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point --from dir: at "
                             f"a vLLM {to} package")
         return _Release(source.label, "gpu", None, None, lambda: dir_files(package))
-    return _Release(source.label, "gpu", None, None, lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
+    return _Release(source.label, "gpu", None, None,
+                    lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
 
 
 def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:
@@ -298,8 +300,8 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
         new_commit, new_print = _wheel_baseline(repo, release.wheel, release.sha256, to, NEW_BASELINE)
     else:
         printer = Fingerprint()
-        new_commit = repo.import_commit(tracked_entries(release.files(), printer), f"baseline: vLLM {to} ({release.label})\n",
-                                        NEW_BASELINE)
+        new_commit = repo.import_commit(tracked_entries(release.files(), printer),
+                                        f"baseline: vLLM {to} ({release.label})\n", NEW_BASELINE)
         new_print = printer.value
     if release.wheel is None:
         found = _version_in(repo.blob_text(new_commit, "_version.py") or "")
