@@ -372,8 +372,8 @@ def _old_change(repo: PackageRepo, state: PortState, patch: Patch, position: int
     """(merge base, commit, whether the old release held the change) that carry the patch's change on the old line.
 
     A patch the old release already holds (already-applied) made an empty commit there, and merging nothing would
-    call it upstreamed whatever the new release holds. Its change is then the old release's file with the patch's
-    change taken out again -> the old release's file: the merge applies it, or finds it in the new release."""
+    call it upstreamed whatever the new release holds. Its change is then taken as going from the old release with
+    the patch reversed to the old release itself: the merge applies that to the new release, or finds it there."""
     base = state.old_commits[position - 1] if position else state.old.commit
     commit = state.old_commits[position]
     old_tree = repo.tree_of(base)
@@ -438,7 +438,7 @@ def _hunk_bodies(diff: str) -> list[str]:
 
 # --- conflicts, drift -------------------------------------------------------------------------------------------------
 
-LOOKS_UPSTREAMED = 0.8  # this share of the lines a conflicting patch adds already upstream: most likely taken
+LOOKS_UPSTREAMED = 0.8  # a conflicting patch with this share of its added lines upstream was most likely taken
 
 
 def _lines_upstream(repo: PackageRepo, old: str, new: str, patch: Patch,
