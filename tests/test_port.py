@@ -386,6 +386,7 @@ def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: Patc
     shutil.copy(REPO_ROOT / "versions.env", versions)
     run = dict(patches_dir=folder, work_root=tmp_path / "build", versions_file=versions)
     stopped = port.port("start", load_pins(), to=REAL_NEW, **run)
+    assert [entry.status for entry in stopped.state.patches] == ["clean", "upstreamed", "conflict"]
     assert f"it looks upstreamed: 10 of the 11 lines it adds (90%) are in vLLM {REAL_NEW}: if vLLM {REAL_NEW} does " \
            "what the patch does, drop it with `python apply.py port --skip`, else edit " in stopped.error
     assert stopped.instructions[0].startswith("it looks upstreamed: 10 of the 11 lines")
