@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -286,9 +286,12 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
         return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")
     failed = _FAILED_AT.search(forward.output)
     where = _hunk_at(patch, failed.group(1), int(failed.group(2))) if failed else "a hunk"
+    tree = repo.write_tree(index)
+    lead = looks_upstreamed(*lines_already_there(patch, lambda path: repo.blob_text(tree, path)), "the baseline")
+    but = f", but it {lead} (drop it if the baseline does what it does)" if lead else ""
     if repo.apply_to_index(patch.path, index, "--check", "-C1").ok:
-        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz")
-    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply")
+        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz{but}")
+    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply{but}")
 
 
 def _offsets(output: str, shown: int = 3) -> str:
@@ -305,6 +308,37 @@ def _offsets(output: str, shown: int = 3) -> str:
     listed = "; ".join(f"vllm/{path}: {', '.join(hunks)}" for path, hunks in by_file.items())
     left = len(moved) - shown
     return listed + (f" and {left} more hunk{'s' if left > 1 else ''}" if left > 0 else "")
+
+
+LOOKS_UPSTREAMED = 0.8  # a conflicting patch with this share of its added lines already there was most likely taken
+
+
+def lines_already_there(patch: Patch, text_of: Callable[[str], str | None],
+                        before_of: Callable[[str], str | None] = lambda path: None) -> tuple[int, int]:
+    """(how many of the lines the patch adds text_of(path) already holds, how many it adds). Blank lines, and lines
+    that were there before it (its own context and removed lines, and before_of(path)), say nothing about the change
+    having been taken, so they do not count."""
+    present = added = 0
+    for path, hunks in patch.hunks.items():
+        body = [text for hunk in hunks for text in hunk.lines]
+        before = _stripped_lines(before_of(path)) | {text[1:].strip() for text in body if not text.startswith("+")}
+        there = _stripped_lines(text_of(path))
+        for line in (text[1:].strip() for text in body if text.startswith("+")):
+            if line and line not in before:
+                added += 1
+                present += line in there
+    return present, added
+
+
+def looks_upstreamed(present: int, added: int, where: str) -> str:
+    """The words for a conflict whose added lines are mostly in `where` already; empty for any other."""
+    if not added or present / added < LOOKS_UPSTREAMED:
+        return ""
+    return f"looks upstreamed: {present} of the {added} lines it adds ({100 * present // added}%) are in {where}"
+
+
+def _stripped_lines(text: str | None) -> set[str]:
+    return {line.strip() for line in (text or "").splitlines()}
 
 
 def _hunk_at(patch: Patch, path: str, line: int) -> str:

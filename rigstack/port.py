@@ -438,31 +438,16 @@ def _hunk_bodies(diff: str) -> list[str]:
 
 # --- conflicts, drift -------------------------------------------------------------------------------------------------
 
-LOOKS_UPSTREAMED = 0.8  # a conflicting patch with this share of its added lines upstream was most likely taken
-
-
 def _lines_upstream(repo: PackageRepo, old: str, new: str, patch: Patch,
                     conflicted: tuple[str, ...]) -> tuple[int, int]:
-    """(how many of the lines the patch adds the new release already has, how many it adds). Blank lines and lines
-    the old file already had say nothing about upstream taking the change, so they do not count."""
+    """(lines the patch adds that the new release already has, lines it adds); lines of the old file do not count."""
     moved = _moved(patch.touched_files, list(conflicted), repo, new)
-    present = added = 0
-    for path, hunks in patch.hunks.items():
-        old_lines = {line.strip() for line in (repo.blob_text(old, path) or "").splitlines()}
-        new_lines = {line.strip() for line in (repo.blob_text(new, moved.get(path, path)) or "").splitlines()}
-        for text in (text[1:].strip() for hunk in hunks for text in hunk.lines if text.startswith("+")):
-            if text and text not in old_lines:
-                added += 1
-                present += text in new_lines
-    return present, added
+    return applier.lines_already_there(patch, lambda path: repo.blob_text(new, moved.get(path, path)),
+                                       lambda path: repo.blob_text(old, path))
 
 
 def _looks_upstreamed(entry: PortedPatch, version: str) -> str:
-    """A lead for the detail of a conflict whose added lines are mostly in the new release already."""
-    present, added = entry.upstream_lines or (0, 0)
-    if not added or present / added < LOOKS_UPSTREAMED:
-        return ""
-    return f"looks upstreamed: {present} of the {added} lines it adds ({100 * present // added}%) are in vLLM {version}"
+    return applier.looks_upstreamed(*(entry.upstream_lines or (0, 0)), f"vLLM {version}")
 
 
 def _marker_regions(text: str) -> list[tuple[int, int, list[str], list[str]]]:

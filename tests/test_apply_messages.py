@@ -45,3 +45,25 @@ def test_a_fuzz_failure_on_the_pin_advises_a_refresh_not_a_port(cpu_package: Pat
     assert result.patches[0].status == "fuzz", result.patches[0].detail
     assert "Refresh the patch against the pinned vLLM (patches/README.md says how)" in result.error
     assert "apply.py port" not in result.error
+
+
+def test_a_conflict_whose_lines_are_mostly_in_the_pin_looks_upstreamed(cpu_package: Path, patch_maker: PatchMaker,
+                                                                       tmp_path: Path, pins) -> None:
+    """Issue 11 item 28: a patch made against a vLLM without _should_log_with_scope, which adds it worded a little
+    otherwise: a conflict on 0.32.0, which has the function, but one that says it looks upstreamed."""
+    folder = tmp_path / "patches"
+    text = patch_maker.read("logger.py")
+    start, end = text.index("def _should_log_with_scope("), text.index("class _VllmLogger(")
+    other = text[:start] + "# other source\n" + text[end:]  # the hunk's nearest context: not even fuzz applies
+    worded = text[start:end].replace("Decide whether to log based on scope.", "Whether to log in this scope.")
+    patch_maker.write(folder, "0001-log-scope.patch", {"logger.py": text[:start] + worded + other[start:]},
+                      on_top_of={"logger.py": other})
+    result = _check(cpu_package, folder, pins)
+    assert result.patches[0].status == "conflict"
+    assert result.patches[0].detail == ("hunk 1 of vllm/logger.py (line 138) does not apply, but it looks upstreamed: "
+                                        "8 of the 9 lines it adds (88%) are in the baseline (drop it if the baseline "
+                                        "does what it does)")
+    plain = tmp_path / "plain"
+    patch_maker.write(plain, "0001-log-scope.patch", {"logger.py": text[:start] + worded.replace(
+        "first_rank", "leader") + other[start:]}, on_top_of={"logger.py": other})
+    assert "upstreamed" not in _check(cpu_package, plain, pins).patches[0].detail
