@@ -94,9 +94,14 @@ def port(to: Annotated[Optional[str], typer.Option("--to", help="the vLLM releas
          = False,
          work: Annotated[Path, typer.Option(help="folder for port work areas")] = Path("build")) -> int:
     """Port the stack to another vLLM release with 3-way merges; resumable like `git am -3`."""
-    action = porting.action_of(cont, skip, abort, report_only, write)
-    report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
-                          work_root=work)
+    try:
+        action = porting.action_of(cont, skip, abort, report_only, write)
+        report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
+                              work_root=work)
+    except UserError as error:
+        if as_json:  # JSON out in every outcome, refusals included
+            print_json(porting.PortReport(None, None, error=str(error)).to_json())
+        raise
     if as_json:
         print_json(report.to_json())
     porting.print_report(report, cli.console)

@@ -12,7 +12,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +33,7 @@ TRAILER = "Rigstack-Patch: "
 # Statuses that let the stack go on; any other stops it before anything is written.
 GOOD = ("applied", "offset", "already-applied")
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
+_CHECKING = re.compile(r"Checking patch (.+)\.\.\.$")
 _FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
 _MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
 
@@ -272,11 +273,9 @@ def commit_series(repo: PackageRepo, start: str,
 def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
     forward = repo.apply_to_index(patch.path, index)
     if forward.ok:
-        offsets = _OFFSET.findall(forward.output)
+        offsets = _offsets(forward.output)
         if offsets:
-            where = ", ".join(f"hunk {hunk} by {int(delta):+d}" for hunk, _, delta in offsets[:3])
-            more = f" and {len(offsets) - 3} more" if len(offsets) > 3 else ""
-            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {where}{more} lines")
+            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {offsets}")
         return PatchResult(patch.id, patch.file, "applied")
     if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
         # The baseline was verified pristine, so a change already in it came from upstream.
@@ -287,9 +286,59 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
         return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")
     failed = _FAILED_AT.search(forward.output)
     where = _hunk_at(patch, failed.group(1), int(failed.group(2))) if failed else "a hunk"
+    tree = repo.write_tree(index)
+    lead = looks_upstreamed(*lines_already_there(patch, lambda path: repo.blob_text(tree, path)), "the baseline")
+    but = f", but it {lead} (drop it if the baseline does what it does)" if lead else ""
     if repo.apply_to_index(patch.path, index, "--check", "-C1").ok:
-        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz")
-    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply")
+        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz{but}")
+    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply{but}")
+
+
+def _offsets(output: str, shown: int = 3) -> str:
+    """The hunks git applied at other lines, by file (git numbers hunks per file); empty when none moved."""
+    moved, path = [], ""
+    for line in output.splitlines():
+        checking, offset = _CHECKING.match(line), _OFFSET.match(line)
+        path = checking.group(1) if checking else path
+        if offset:
+            moved.append((path, f"hunk {offset.group(1)} by {int(offset.group(3)):+d} lines"))
+    by_file: dict[str, list[str]] = {}
+    for path, hunk in moved[:shown]:
+        by_file.setdefault(path, []).append(hunk)
+    listed = "; ".join(f"vllm/{path}: {', '.join(hunks)}" for path, hunks in by_file.items())
+    left = len(moved) - shown
+    return listed + (f" and {left} more hunk{'s' if left > 1 else ''}" if left > 0 else "")
+
+
+LOOKS_UPSTREAMED = 0.8  # a conflicting patch with this share of its added lines already there was most likely taken
+
+
+def lines_already_there(patch: Patch, text_of: Callable[[str], str | None],
+                        before_of: Callable[[str], str | None] = lambda path: None) -> tuple[int, int]:
+    """(how many of the lines the patch adds text_of(path) already holds, how many it adds). Blank lines, and lines
+    that were there before it (its own context and removed lines, and before_of(path)), say nothing about the change
+    having been taken, so they do not count."""
+    present = added = 0
+    for path, hunks in patch.hunks.items():
+        body = [text for hunk in hunks for text in hunk.lines]
+        before = _stripped_lines(before_of(path)) | {text[1:].strip() for text in body if not text.startswith("+")}
+        there = _stripped_lines(text_of(path))
+        for line in (text[1:].strip() for text in body if text.startswith("+")):
+            if line and line not in before:
+                added += 1
+                present += line in there
+    return present, added
+
+
+def looks_upstreamed(present: int, added: int, where: str) -> str:
+    """The words for a conflict whose added lines are mostly in `where` already; empty for any other."""
+    if not added or present / added < LOOKS_UPSTREAMED:
+        return ""
+    return f"looks upstreamed: {present} of the {added} lines it adds ({100 * present // added}%) are in {where}"
+
+
+def _stripped_lines(text: str | None) -> set[str]:
+    return {line.strip() for line in (text or "").splitlines()}
 
 
 def _hunk_at(patch: Patch, path: str, line: int) -> str:
@@ -298,8 +347,9 @@ def _hunk_at(patch: Patch, path: str, line: int) -> str:
 
 
 def _failure_message(patch: Patch, result: PatchResult) -> str:
-    advice = "Run `python apply.py port` or refresh the patch" if result.status in ("fuzz", "conflict") \
-        else "Check the baseline or drop the patch"
+    # The baseline was verified to be the pin: a patch that does not fit it was made against other source.
+    advice = "Refresh the patch against the pinned vLLM (patches/README.md says how)" \
+        if result.status in ("fuzz", "conflict") else "Check the baseline or drop the patch"
     return f"patch {patch.file}: {result.detail}. {advice}; nothing was written."
 
 
@@ -449,21 +499,31 @@ def status(package: Path) -> dict:
 
 
 def export(package: Path, to: Path) -> list[Path]:
-    """Regenerate the patch files from the package's commits (header from the message, diff from git)."""
+    """Regenerate the patch files from the package's commits (header from the message, diff from git).
+
+    A patch whose change the baseline already held (already-applied) made a commit with no diff: there is nothing to
+    regenerate it from. The others are written, then an error names the ones left out, so a script that replaces
+    patches/ with the export stops before it loses them."""
     repo, stamp = _patched_repo(package)
     to.mkdir(parents=True, exist_ok=True)
-    written = []
-    for commit, message in repo.log(stamp.baseline_commit, stamp.head_commit):
+    written, left_out = [], []
+    commits = repo.log(stamp.baseline_commit, stamp.head_commit)
+    for commit, message in commits:
         trailer = _trailers(message)
         header = message[message.index("\n\n") + 2: message.rindex("\n" + TRAILER)]
         diff = repo.diff(commit + "^", commit)
         if not diff:
-            continue  # already in the baseline: there is no change left to write
+            left_out.append(trailer["Rigstack-Patch"])
+            continue
         target = to / trailer["Rigstack-Patch"]
         tmp = target.with_suffix(".tmp")
         tmp.write_bytes((header + SEPARATOR + diff).encode())
         os.replace(tmp, target)
         written.append(target)
+    if left_out:
+        raise UserError(f"{to}: wrote {len(written)} of {len(commits)} patch files; left out {', '.join(left_out)}: "
+                        "the baseline already held their change (already-applied), so their commits hold no diff "
+                        "to export. Keep the original patch files as they are")
     return written
 
 

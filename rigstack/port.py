@@ -11,9 +11,11 @@ A port lives in a work area, build/port-<old>-to-<new>/, laid out like a package
 
 Statuses: clean (same hunks; only the blob ids in the index lines change), refreshed (offset, or merged by git or
 by hand: the patch text changes), upstreamed (the merge leaves nothing to change, or the patch's reverse applies to
-the new release), moved (a file it touches was renamed upstream and the patch followed it), conflict, dropped
-(--skip). Clean, refreshed and moved patches also get a drift warning for every function they touch that changed
-upstream between the two releases.
+the new release; a patch the old release already held is merged as the change it is, so it is upstreamed only if
+the new release holds it too), moved (a file it touches was renamed upstream and the patch followed it), conflict
+(which says "looks upstreamed" when most lines it adds are in the new release), dropped (--skip). Clean, refreshed
+and moved patches also get a drift warning for every function they touch that changed upstream between the two
+releases.
 
 `--write` replaces the stack in patches/ (same header, numbering kept, written by applier.export) and the pins in
 versions.env. A patch that was upstreamed or dropped is removed and a note takes its place: NNNN-slug.upstreamed
@@ -42,6 +44,7 @@ from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetc
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
+from rigstack.report import print_stack_result
 from rigstack.stack import DEFAULT_PATCHES_DIR, Hunk, Patch, Stack, load_stack, parse_hunks
 from rigstack.stamp import Stamp, StampedPatch, write_stamp
 from rigstack.versions import VERSIONS_FILE, Pins, update_pins
@@ -72,6 +75,7 @@ class PortedPatch(BaseModel):
     files: list[str] = []
     moved: dict[str, str] = {}  # old path -> new path
     conflicts: list[ConflictSite] = []
+    upstream_lines: list[int] = []  # a conflict: [lines it adds that the new release already has, lines it adds]
     drift: list[str] = []
     commit: str | None = None
 
@@ -112,11 +116,23 @@ class PortReport:
     error: str | None = None
     instructions: tuple[str, ...] = ()
     message: str = ""
+    old_stack: applier.StackResult | None = None  # the stack on the pinned release, when it does not apply there
 
     def to_json(self) -> dict:
-        state = self.state.model_dump(mode="json") if self.state else {}
+        """One shape for every outcome: a port's state, or (when there is none) status "failed" and the error."""
+        state = self.state.model_dump(mode="json") if self.state else {"status": "failed"}
+        old = {"old_stack": self.old_stack.to_json()} if self.old_stack else {}
         return {"work": self.work, "error": self.error, "next_steps": list(self.instructions), "message": self.message,
-                **state}
+                **state, **old}
+
+
+class _NotOnThePin(UserError):
+    """The stack does not apply to the release it is pinned to: there is nothing to port yet."""
+
+    def __init__(self, result: applier.StackResult, version: str) -> None:
+        super().__init__(f"the stack does not apply to its own baseline vLLM {version}, so it cannot be ported: "
+                         f"{result.error}")
+        self.result = result
 
 
 def action_of(cont: bool = False, skip: bool = False, abort: bool = False, report_only: bool = False,
@@ -177,7 +193,10 @@ def _start(to: str, source: Source, patches_dir: Path, sha256: str | None, pins:
     work_root.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.tmp-", dir=work_root))
     try:
-        state = _build(staging, stack, patches_dir, release, to, pins, report_only)
+        try:
+            state = _build(staging, stack, patches_dir, release, to, pins, report_only)
+        except _NotOnThePin as broken:
+            return PortReport(None, None, error=str(broken), old_stack=broken.result)
         if report_only:
             state = _replay(staging, state, stack, stop=False)
             return PortReport(None, state, message="report only: nothing was kept")
@@ -235,7 +254,8 @@ def _release(source: Source, to: str, sha256: str | None, pins: Pins) -> _Releas
             raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point --from dir: at "
                             f"a vLLM {to} package")
         return _Release(source.label, "gpu", None, None, lambda: dir_files(package))
-    return _Release(source.label, "gpu", None, None, lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
+    return _Release(source.label, "gpu", None, None,
+                    lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
 
 
 def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:
@@ -280,8 +300,8 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
         new_commit, new_print = _wheel_baseline(repo, release.wheel, release.sha256, to, NEW_BASELINE)
     else:
         printer = Fingerprint()
-        new_commit = repo.import_commit(tracked_entries(release.files(), printer), f"baseline: vLLM {to} ({release.label})\n",
-                                        NEW_BASELINE)
+        new_commit = repo.import_commit(tracked_entries(release.files(), printer),
+                                        f"baseline: vLLM {to} ({release.label})\n", NEW_BASELINE)
         new_print = printer.value
     if release.wheel is None:
         found = _version_in(repo.blob_text(new_commit, "_version.py") or "")
@@ -290,7 +310,9 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
                             f"source of vLLM {to}")
     results, final, error = applier.commit_series(repo, old_commit, stack.patches)
     if error:
-        raise UserError(f"the stack does not apply to its own baseline vLLM {pins.vllm_version}: {error}")
+        raise _NotOnThePin(applier.StackResult(f"vLLM {pins.vllm_version} ({old_wheel.name})", f"wheel:{old_flavour}",
+                                               old_flavour, old_print, stack.stack_hash, tuple(results), error=error,
+                                               dry_run=True), pins.vllm_version)
     repo.run("update-ref", OLD_STACK, final)
     old_commits = [commit for commit, _ in repo.log(old_commit, final)]
     assert len(old_commits) == len(stack.patches)
@@ -316,20 +338,24 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
     repo = _repo(work)
     for position in range(state.next, len(stack.patches)):
         patch, entry = stack.patches[position], state.patches[position]
-        base = state.old_commits[position - 1] if position else state.old.commit
+        base, theirs, held = _old_change(repo, state, patch, position)
         head_tree = repo.tree_of(state.head)
-        outcome = repo.cherry_merge(base, head_tree, state.old_commits[position],
-                                    (f"vllm-{state.new.version}", patch.file))
+        outcome = repo.cherry_merge(base, head_tree, theirs, (f"vllm-{state.new.version}", patch.file))
         if not outcome.conflicted:
             _record(repo, state, patch, entry, outcome.tree, "merged by git")
+            if held and entry.status != "upstreamed":
+                entry.detail += (f"; vLLM {state.old.version} holds this change and {state.new.version} does not: "
+                                 "the patch is needed again")
         elif repo.applies_to(head_tree, patch.path, "-R").ok:
             entry.status, entry.detail = "upstreamed", f"its reverse applies to vLLM {state.new.version}"
         else:
             entry.status, entry.files = "conflict", list(outcome.conflicted)
             entry.conflicts = _conflict_sites(repo, patch, outcome.tree, outcome.conflicted, outcome.messages,
                                               state.old.version)
-            entry.detail = "; ".join(f"{site.hunk} of {site.file} (merged lines {site.lines})"
-                                     for site in entry.conflicts)
+            entry.upstream_lines = list(_lines_upstream(repo, base, state.new.commit, patch, outcome.conflicted))
+            lead = _looks_upstreamed(entry, state.new.version)
+            sites = [f"{site.hunk} of {site.file} (merged lines {site.lines})" for site in entry.conflicts]
+            entry.detail = "; ".join(([lead] if lead else []) + sites)
             if stop:
                 repo.set_branch(state.head)
                 repo.lay_tree(outcome.tree)
@@ -340,6 +366,27 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
         if not state.report_only:
             _save(work, state)  # a Ctrl-C between patches resumes here with --continue
     return _finish(work, repo, state)
+
+
+def _old_change(repo: PackageRepo, state: PortState, patch: Patch, position: int) -> tuple[str, str, bool]:
+    """(merge base, commit, whether the old release held the change) that carry the patch's change on the old line.
+
+    A patch the old release already holds (already-applied) made an empty commit there, and merging nothing would
+    call it upstreamed whatever the new release holds. Its change is then taken as going from the old release with
+    the patch reversed to the old release itself: the merge applies that to the new release, or finds it there."""
+    base = state.old_commits[position - 1] if position else state.old.commit
+    commit = state.old_commits[position]
+    old_tree = repo.tree_of(base)
+    if repo.tree_of(commit) != old_tree:
+        return base, commit, False
+    with tempfile.TemporaryDirectory(prefix="rigstack-index-") as tmp:
+        index = Path(tmp) / "index"
+        repo.read_tree_into(index, old_tree)
+        reverse = repo.apply_to_index(patch.path, index, "-R")
+        assert reverse.ok, f"{patch.file} was already-applied on vLLM {state.old.version}: {reverse.output}"
+        without = repo.commit_tree(repo.write_tree(index), None, f"port: vLLM {state.old.version} without "
+                                                                  f"{patch.file}\n")
+    return without, repo.commit_tree(old_tree, without, applier.commit_message(patch, "already-applied")), True
 
 
 def _record(repo: PackageRepo, state: PortState, patch: Patch, entry: PortedPatch, tree: str, how: str) -> None:
@@ -390,6 +437,18 @@ def _hunk_bodies(diff: str) -> list[str]:
 
 
 # --- conflicts, drift -------------------------------------------------------------------------------------------------
+
+def _lines_upstream(repo: PackageRepo, old: str, new: str, patch: Patch,
+                    conflicted: tuple[str, ...]) -> tuple[int, int]:
+    """(lines the patch adds that the new release already has, lines it adds); lines of the old file do not count."""
+    moved = _moved(patch.touched_files, list(conflicted), repo, new)
+    return applier.lines_already_there(patch, lambda path: repo.blob_text(new, moved.get(path, path)),
+                                       lambda path: repo.blob_text(old, path))
+
+
+def _looks_upstreamed(entry: PortedPatch, version: str) -> str:
+    return applier.looks_upstreamed(*(entry.upstream_lines or (0, 0)), f"vLLM {version}")
+
 
 def _marker_regions(text: str) -> list[tuple[int, int, list[str], list[str]]]:
     """(first line, last line, base lines, patch lines) of each conflict in a diff3-style merged file."""
@@ -672,15 +731,19 @@ def _report(work: Path, state: PortState) -> PortReport:
                                                     "`python apply.py port --write`")
     entry = state.patches[state.next]
     first = entry.conflicts[0]
-    steps = (f"the work tree {work / 'vllm'} holds the conflict markers (diff3 style: "
+    lead = _looks_upstreamed(entry, state.new.version)
+    skip = f"if vLLM {state.new.version} does what the patch does, drop it with `python apply.py port --skip`"
+    steps = (*((f"it {lead}: {skip}",) if lead else ()),
+             f"the work tree {work / 'vllm'} holds the conflict markers (diff3 style: "
              f"<<<<<<< vLLM {state.new.version} ||||||| old base ======= the patch >>>>>>>):",
              *(f"  {site.file} lines {site.lines}: {site.hunk}" for site in entry.conflicts),
              f"  (the patch's change as merged so far: `git --git-dir={work / 'vllm.rigstack' / 'git'} diff HEAD`)",
              "edit them into the change the patch should make, then `python apply.py port --continue`",
              "`python apply.py port --skip` drops this patch (recorded as dropped)",
              "`python apply.py port --abort` removes the port: back to the state before it")
-    error = (f"patch {entry.file} conflicts with vLLM {state.new.version} ({first.hunk} of {first.file}); edit "
-             f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
+    error = (f"patch {entry.file} conflicts with vLLM {state.new.version} ({first.hunk} of {first.file}); "
+             + (f"it {lead}: {skip}, else edit " if lead else "edit ")
+             + f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
     return PortReport(str(work), state, error=error, instructions=steps)
 
 
@@ -689,6 +752,8 @@ _STYLE = {"clean": "green", "refreshed": "yellow", "moved": "cyan", "upstreamed"
 
 
 def print_report(report: PortReport, console: Console) -> None:
+    if report.old_stack:
+        print_stack_result(report.old_stack, console)
     state = report.state
     if state is not None:
         table = Table(title=f"port: vLLM {state.old.version} -> {state.new.version} ({state.new.source})",
