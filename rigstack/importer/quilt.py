@@ -74,8 +74,10 @@ def _plain(label: str, path: Path, head: str, diff: str, strip: int) -> Incoming
     message = HeaderParser().parsestr(block + "\n")
     rest = f"{message.get_payload()}\n{rest}"  # lines after a header block that stops early are free text
     fields: dict[str, list[str]] = {}
+    names: dict[str, str] = {}  # the spelling the header used, for the trailers it keeps
     for key, value in message.items():
         fields.setdefault(key.lower(), []).append(value)
+        names.setdefault(key.lower(), key)
     description = next((lines for key in _DESCRIPTION if (lines := _lines(fields.pop(key, [])))), [])
     free = [line for line in rest.splitlines() if line.strip() and line.strip() != "---"]
     subject = description[0] if description else (free.pop(0).strip() if free else _subject_of(path))
@@ -84,7 +86,7 @@ def _plain(label: str, path: Path, head: str, diff: str, strip: int) -> Incoming
     origin = "; ".join([*fields.pop("origin", [label])] + ([f"author {author}"] if author else []) +
                        [f"last update {date}" for date in fields.pop("last-update", [])])
     upstream = "; ".join(_upstream(fields))
-    trailers = tuple(f"{key.title()}: {' '.join(value.split())}" for key, values in fields.items() for value in values)
+    trailers = tuple(f"{names[key]}: {' '.join(value.split())}" for key, values in fields.items() for value in values)
     return Incoming(label, subject, diff, why=why, origin=origin, upstream=upstream, trailers=trailers, strip=strip)
 
 
