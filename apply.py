@@ -91,7 +91,8 @@ def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder fo
 def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an mbox, a quilt folder, git:PATH@A..B",
                                                          show_default=False)],
             patches: PatchesOpt = DEFAULT_PATCHES_DIR,
-            start: Annotated[Optional[str], typer.Option(help="first new id (default: after the last one taken)")] = None,
+            start: Annotated[Optional[str], typer.Option(help="first new id (default: after the last one taken)")]
+            = None,
             base: Annotated[str, typer.Option(help="the vLLM the patches were made on: wheel | wheel:cpu | "
                                               "image:REF | dir:PATH")] = "wheel",
             dry_run: Annotated[bool, typer.Option("--dry-run", help="print the table, write nothing")] = False,

@@ -117,7 +117,8 @@ def test_format_patch_files_map_to_the_header(fork: Repo, patches: Path, pins, p
 
     assert result.error is None and result.pinned
     assert [(p.id, p.file, p.status) for p in result.patches] == [
-        ("0001", "0001-parser-keep-a-qwen-note.patch", "applied"), ("0002", "0002-rocm-ernie-a-note-too.patch", "applied")]
+        ("0001", "0001-parser-keep-a-qwen-note.patch", "applied"),
+        ("0002", "0002-rocm-ernie-a-note-too.patch", "applied")]
     label = "0001-parser-keep-a-qwen-note.patch"
     unknown = f"unknown (imported from {label})"
     assert header_of(patches / result.patches[0].file) == [
@@ -314,8 +315,9 @@ def _merge_range(fork: Repo, tmp_path: Path) -> str:
 
 def _other_package(fork: Repo, tmp_path: Path) -> str:
     path = tmp_path / "transformers.diff"
-    path.write_text("diff --git a/src/transformers/utils.py b/src/transformers/utils.py\n--- a/src/transformers/utils.py"
-                    "\n+++ b/src/transformers/utils.py\n@@ -1,1 +1,2 @@\n import os\n+import sys\n")
+    name = "src/transformers/utils.py"
+    path.write_text(f"diff --git a/{name} b/{name}\n--- a/{name}\n+++ b/{name}\n"
+                    "@@ -1,1 +1,2 @@\n import os\n+import sys\n")
     return str(path)
 
 
@@ -368,7 +370,7 @@ def _changed_context(old: str, new: str):  # noqa: ANN202
 
 
 @pytest.mark.parametrize(("make", "message"), [
-    (_corrupt_mbox, "corrupt.mbox message 2 (second) is not a readable patch: error: corrupt patch at line"),
+    (_corrupt_mbox, "corrupt.mbox message 2 (second) is not a readable patch: corrupt patch at line"),
     (_merge_range, "is a merge; a patch stack is linear"),
     (_other_package, "changes src/transformers/utils.py, which is no file of the vllm package (a patch for another "
                      "package?)"),
@@ -380,8 +382,8 @@ def _changed_context(old: str, new: str):  # noqa: ANN202
     (_symlink, "vllm/link.py is a symlink; symlinks are refused"),
     (_changed_context("import json", "import json5"), "changed.patch (will not apply): vllm/parser/qwen3.py at "
                                                       "line 18 does not apply; nothing was written"),
-    (_changed_context("import functools", "import functools2"), "changed.patch (will not apply): "
-                                                                "vllm/parser/qwen3.py at line 18 applies only with fuzz"),
+    (_changed_context("import functools", "import functools2"),
+     "changed.patch (will not apply): vllm/parser/qwen3.py at line 18 applies only with fuzz"),
 ], ids=["corrupt-mbox", "merge", "other-package", "other-baseline", "missing-series-file", "outside-vllm", "binary",
         "symlink", "conflict", "fuzz"])
 def test_bad_input_is_one_line_and_changes_nothing(make, message: str, fork: Repo, two_patches: Path,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -201,8 +202,9 @@ def _check_parses(git: PackageRepo, raw: Path, item: Incoming) -> None:
     try:
         git.run("apply", "--numstat", f"-p{item.strip}", str(raw))
     except UserError as error:
-        reason = str(error).partition(": ")[2]
-        raise UserError(f"{item.label} ({item.subject}) is not a readable patch: {reason}; regenerate it") from None
+        reason = str(error).partition(": ")[2].removeprefix("error: ")
+        raise UserError(f"{item.label} ({item.subject}) is not a readable patch: {reason} of its diff; regenerate "
+                        "it") from None
 
 
 def _rooted_at_parent(git: PackageRepo, item: Incoming, files: list[FileDiff], head: str) -> bool:
@@ -222,7 +224,7 @@ def _rooted_at_parent(git: PackageRepo, item: Incoming, files: list[FileDiff], h
     return False
 
 
-def _refuse(item: Incoming, files: list[FileDiff], package_path) -> None:  # noqa: ANN001
+def _refuse(item: Incoming, files: list[FileDiff], package_path: Callable[[str], str]) -> None:
     """What the applier refuses, refused before anything is written."""
     for entry in files:
         name = f"{PACKAGE}/{package_path(entry.paths[0])}"
@@ -236,7 +238,8 @@ def _refuse(item: Incoming, files: list[FileDiff], package_path) -> None:  # noq
                                 f"{PACKAGE}/")
 
 
-def _check_ids(git: PackageRepo, item: Incoming, files: list[FileDiff], head: str, package_path) -> None:  # noqa: ANN001
+def _check_ids(git: PackageRepo, item: Incoming, files: list[FileDiff], head: str,
+               package_path: Callable[[str], str]) -> None:
     """An index line's old blob id must be that file's blob on the baseline (a patch made on the pristine package)
     or after the patches before it (a series): otherwise the patch was made on another build."""
     for entry in files:

@@ -58,9 +58,8 @@ def _read_mail(mail: Path, git: PackageRepo, label: str, layout: str | None, by_
     if not subject:
         raise UserError(f"{label} has no Subject; give the mail one (`git format-patch` writes it)")
     carried = _FILE_LINE.search(body)
-    header = rigstack_header(body[:carried.start()]) if carried else None
-    if header is not None:
-        return Incoming(label, subject, diff, header=header, slug=carried.group(1), layout=layout)  # type: ignore[union-attr]
+    if carried and (header := rigstack_header(body[:carried.start()])) is not None:
+        return Incoming(label, subject, diff, header=header, slug=carried.group(1), layout=layout)
     trailers = [line for line in git.run("interpret-trailers", "--parse", stdin=body.encode()).splitlines() if line]
     author = f"{fields['Author']} <{fields['Email']}>" if fields.get("Author") else fields.get("Email", "")
     origin = ", ".join(part for part in (label, f"commit {sha}" if sha else "", f"author {author}" if author else "",
