@@ -369,7 +369,27 @@ def _changed_context(old: str, new: str):  # noqa: ANN202
     return make
 
 
+def _already_in(fork: Repo, tmp_path: Path) -> str:
+    fork.edit(QWEN, "import json\n", "import json\n# a note\n")
+    fork.commit("a note")
+    fork.edit(QWEN, "import json\n# a note\n", "import json\n")
+    fork.commit("no note after all")
+    path = tmp_path / "undo.patch"
+    text = git(fork.root, "format-patch", "--stdout", "-1")
+    path.write_text(re.sub(r"^index .*\n", "", text, flags=re.M))  # no ids: only the content tells
+    return str(path)
+
+
+def _syntax_error(fork: Repo, tmp_path: Path) -> str:
+    fork.edit(QWEN, "import json\n", "import json\ndef broken(:\n")
+    fork.commit("broken")
+    return f"git:{fork.root}@HEAD~1..HEAD"
+
+
 @pytest.mark.parametrize(("make", "message"), [
+    (_already_in, "undo.patch (no note after all): its change is already in the baseline or the stack; nothing was "
+                  "written. Leave it out"),
+    (_syntax_error, "patch 0003: vllm/parser/qwen3.py line 21 does not compile"),
     (_corrupt_mbox, "corrupt.mbox message 2 (second) is not a readable patch: corrupt patch at line"),
     (_merge_range, "is a merge; a patch stack is linear"),
     (_other_package, "changes src/transformers/utils.py, which is no file of the vllm package (a patch for another "
@@ -384,7 +404,7 @@ def _changed_context(old: str, new: str):  # noqa: ANN202
                                                       "line 18 does not apply; nothing was written"),
     (_changed_context("import functools", "import functools2"),
      "changed.patch (will not apply): vllm/parser/qwen3.py at line 18 applies only with fuzz"),
-], ids=["corrupt-mbox", "merge", "other-package", "other-baseline", "missing-series-file", "outside-vllm", "binary",
+], ids=["already-applied", "compile-error", "corrupt-mbox", "merge", "other-package", "other-baseline", "missing-series-file", "outside-vllm", "binary",
         "symlink", "conflict", "fuzz"])
 def test_bad_input_is_one_line_and_changes_nothing(make, message: str, fork: Repo, two_patches: Path,
                                                    tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

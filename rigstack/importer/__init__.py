@@ -87,20 +87,7 @@ def import_patches(sources: list[str], pins: Pins, patches_dir: Path = DEFAULT_P
         _, head, error = applier.commit_series(git, baseline, stack.patches)
         if error:
             raise UserError(f"the stack in {patches_dir} does not apply to {source.label}: {error}")
-        staged = work / "staged"
-        staged.mkdir()
-        rows: list[ImportedPatch] = []
-        new: list[Patch] = []
-        for position, item in enumerate(incoming):
-            row, head, patch = _normalise(git, item, f"{first + position:04d}", head, staged)
-            rows.append(row)
-            if patch is None:
-                rows += [ImportedPatch(rest.label, f"{first + later:04d}", "", rest.subject)
-                         for later, rest in enumerate(incoming[position + 1:], start=position + 1)]
-                error = (f"{item.label} ({row.subject}): {row.detail}; nothing was written. Refresh the patch, or "
-                         "import it with --base set to the vLLM it was made on")
-                break
-            new.append(patch)
+        rows, new, error = _normalise_all(git, incoming, first, head, work / "staged")
         if error is None:
             checked, _, error = applier.commit_series(git, baseline, stack.patches + tuple(new))
             bad = {result.id: result for result in checked[len(stack.patches):] if result.status not in applier.GOOD}
@@ -110,6 +97,25 @@ def import_patches(sources: list[str], pins: Pins, patches_dir: Path = DEFAULT_P
         written = () if error or dry_run else _write(new, patches_dir)
     return ImportResult(source.label, fingerprint, match_flavour(fingerprint, pins) is not None, str(patches_dir),
                         tuple(rows), dry_run, written, error)
+
+
+def _normalise_all(git: PackageRepo, incoming: list[Incoming], first: int, head: str,
+                   staged: Path) -> tuple[list[ImportedPatch], list[Patch], str | None]:
+    """Each patch in order after `head`; the first that does not apply stops the rest (they are not reached)."""
+    staged.mkdir()
+    rows: list[ImportedPatch] = []
+    new: list[Patch] = []
+    for position, item in enumerate(incoming):
+        row, head, patch = _normalise(git, item, f"{first + position:04d}", head, staged)
+        rows.append(row)
+        if patch is None:
+            rows += [ImportedPatch(rest.label, f"{first + later:04d}", "", rest.subject)
+                     for later, rest in enumerate(incoming[position + 1:], start=position + 1)]
+            advice = "Leave it out" if row.status == "already-applied" else \
+                "Refresh it, or import it with --base set to the vLLM it was made on"
+            return rows, new, f"{item.label} ({row.subject}): {row.detail}; nothing was written. {advice}"
+        new.append(patch)
+    return rows, new, None
 
 
 def _read_source(text: str, git: PackageRepo, work: Path) -> list[Incoming]:
@@ -260,7 +266,7 @@ def _blob(git: PackageRepo, commit: str, path: str) -> str | None:
 
 def _failure(git: PackageRepo, raw: Path, index: Path, strip: str, output: str) -> tuple[str, str]:
     if git.apply_to_index(raw, index, strip, "--check", "-R").ok:
-        return "already-applied", "its change is already in the baseline; leave it out"
+        return "already-applied", "its change is already in the baseline or the stack"
     failed, missing = _FAILED_AT.search(output), _MISSING.search(output)
     if missing:
         return "missing-file", f"{PACKAGE}/{missing.group(1)} does not exist in the baseline"
