@@ -426,13 +426,15 @@ def test_export_mbox_goes_through_git_am_and_imports_back_byte_identical(fork: R
     shutil.copytree(REPO_ROOT / "patches", stack)
     git(fork.root, "mv", f"vllm/{ERNIE}", f"vllm/{MOVED}")
     fork.edit(MOVED, "import json\n", "import json  # moved\n")
-    fork.commit("ernie parser: a shorter name\n\nSigned-off-by: Jane Doe <jane@example.com>\n")
+    fork.commit("ernie parser: a shorter name, déjà vu\n\nNon-ASCII — in the body too.\n\n"
+                "Signed-off-by: Jane Doe <jane@example.com>\n")
     assert run_import(pins, stack, f"git:{fork.root}@HEAD~1..HEAD").error is None  # the real stack plus a rename
     applied = applier.apply_stack(parse_source(f"dir:{cpu_package}"), load_stack(stack), pins)
     assert applied.error is None
     mbox = tmp_path / "stack.mbox"
     assert cli.run(apply_cli.app, ["export", str(cpu_package), "--format", "mbox", "--to", str(mbox)]) == 0
-    assert mbox.read_text().count("\nSubject: [PATCH ") == 11
+    assert mbox.read_text().count("\nSubject: [PATCH ") == 10, "and one Subject encoded for mail (non-ASCII)"
+    assert "\nSubject: =?utf-8?" in mbox.read_text()
 
     # git am onto a repository with vllm/ at its top, holding the baseline's files the stack touches.
     repo = PackageRepo(cpu_package)
