@@ -158,6 +158,7 @@ def test_mbox_series_keeps_a_rename_and_applies_to_the_real_package(fork: Repo, 
         ("0100-qwen-note.patch", "applied"), ("0101-ernie-parser-a-shorter-name.patch", "applied"),
         ("0102-qwen-note-second-thoughts.patch", "applied")]
     assert [p.source for p in result.patches] == [f"series.mbox message {n}" for n in (1, 2, 3)]
+    assert result.patches[1].files == (f"vllm/{ERNIE} -> vllm/{MOVED}",)
     renamed = (patches / "0101-ernie-parser-a-shorter-name.patch").read_text()
     assert f"rename from vllm/{ERNIE}\nrename to vllm/{MOVED}\n" in renamed
     assert len(renamed.encode()) < 1500, "a rename stays a rename, not a delete plus an 8 KB add"

@@ -198,7 +198,9 @@ def _normalise(git: PackageRepo, item: Incoming, number: str, head: str,
     except UserError as error:
         raise UserError(f"{item.label}: {str(error).removeprefix(f'{path}: ')}") from None
     offset = "(offset" in forward.output
-    return (_replace(row, file=patch.file, files=tuple(f"{PACKAGE}/{name}" for name in patch.touched_files),
+    touched = tuple(f"{entry.old} -> {entry.new}" if entry.rename else entry.paths[-1]
+                    for entry in files_of(diff, 1, item.label))
+    return (_replace(row, file=patch.file, files=touched,
                      status="offset" if offset else "applied", unfilled=patch.header.unfilled(),
                      detail="hunks moved: made exact on import" if offset else ""), commit, patch)
 
