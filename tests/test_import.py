@@ -149,7 +149,8 @@ def test_mbox_series_keeps_a_rename_and_applies_to_the_real_package(fork: Repo, 
     fork.edit(QWEN, "# fork: qwen note\n", "# fork: qwen note, second thoughts\n")
     fork.commit("qwen note: second thoughts")  # made on top of the first: its index is the first one's result
     mbox = tmp_path / "series.mbox"
-    mbox.write_text(git(fork.root, "format-patch", "--stdout", "-M", "HEAD~3..HEAD"))
+    mbox.write_text(git(fork.root, "format-patch", "--stdout", "-M", "--cover-letter", "HEAD~3..HEAD"))
+    assert "Subject: [PATCH 0/3] *** SUBJECT HERE ***" in mbox.read_text()  # a cover letter: passed over
 
     result = run_import(pins, patches, mbox, start="0100")
 
@@ -157,7 +158,7 @@ def test_mbox_series_keeps_a_rename_and_applies_to_the_real_package(fork: Repo, 
     assert [(p.file, p.status) for p in result.patches] == [
         ("0100-qwen-note.patch", "applied"), ("0101-ernie-parser-a-shorter-name.patch", "applied"),
         ("0102-qwen-note-second-thoughts.patch", "applied")]
-    assert [p.source for p in result.patches] == [f"series.mbox message {n}" for n in (1, 2, 3)]
+    assert [p.source for p in result.patches] == [f"series.mbox message {n}" for n in (2, 3, 4)]
     assert result.patches[1].files == (f"vllm/{ERNIE} -> vllm/{MOVED}",)
     renamed = (patches / "0101-ernie-parser-a-shorter-name.patch").read_text()
     assert f"rename from vllm/{ERNIE}\nrename to vllm/{MOVED}\n" in renamed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from email.parser import HeaderParser
 from pathlib import Path
 
@@ -59,7 +60,7 @@ def read_file(path: Path, git: PackageRepo, work: Path, strip: int = 1, label: s
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; binary patches are not supported") from None
     if text.startswith("From "):
-        return read_mbox(path, git, work, label)
+        return [replace(item, strip=strip) for item in read_mbox(path, git, work, label)]
     start = DIFF_START.search(text)
     if start is None:
         raise UserError(f"{path} holds no diff (no 'diff --git' or '---' line); is it a patch?")
