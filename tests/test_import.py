@@ -464,3 +464,14 @@ def test_export_mbox_goes_through_git_am_and_imports_back_byte_identical(fork: R
     again.mkdir()
     assert run_import(pins, again, mbox).error is None
     assert snapshot(again) == snapshot(stack, "*.patch")
+
+
+def test_file_names_without_a_content_header(tmp_path: Path) -> None:
+    """An empty new file has only its diff --git names (it reads nothing); rename lines at -p0 keep their path."""
+    from rigstack.importer.diffs import files_of
+
+    empty, renamed = files_of("diff --git a/parser/new_empty.py b/parser/new_empty.py\nnew file mode 100644\n"
+                              "index 0000000..e69de29\ndiff --git vllm/x.py vllm/y.py\nsimilarity index 100%\n"
+                              "rename from vllm/x.py\nrename to vllm/y.py\n", 0, "t")
+    assert (empty.old, empty.new) == (None, "b/parser/new_empty.py")
+    assert (renamed.old, renamed.new, renamed.rename) == ("vllm/x.py", "vllm/y.py", True)

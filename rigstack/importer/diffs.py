@@ -28,6 +28,7 @@ class FileDiff:
     symlink: bool = False
     rename: bool = False
     names: list[str] = field(default_factory=list)  # the diff --git line's two names, a fallback
+    side: str = ""  # "created" or "deleted" when the git header says so
 
     @property
     def paths(self) -> list[str]:
@@ -72,21 +73,24 @@ def files_of(diff: str, strip: int, label: str) -> list[FileDiff]:
         index += 1
     for entry in files:
         if entry.names and not (entry.old or entry.new):
-            entry.old, entry.new = entry.names  # a pure mode change, or a binary file without ---/+++ lines
+            # A mode change, an empty new file, or a binary file: no ---/+++ lines, only the diff --git names.
+            old, new = entry.names
+            entry.old = None if entry.side == "created" else old
+            entry.new = None if entry.side == "deleted" else new
     return files
 
 
 def _header_line(entry: FileDiff, line: str, strip: int, label: str) -> None:
-    key, _, value = line.partition(" ")
     if line.startswith(("rename from ", "copy from ")):
-        entry.old, entry.rename = _strip(line.split(" ", 2)[2], strip - 1, label), True
+        entry.old, entry.rename = _strip(line.split(" ", 2)[2], max(strip - 1, 0), label), True
     elif line.startswith(("rename to ", "copy to ")):
-        entry.new, entry.rename = _strip(line.split(" ", 2)[2], strip - 1, label), True
-    elif key == "index" and (match := _INDEX.match(line)):
+        entry.new, entry.rename = _strip(line.split(" ", 2)[2], max(strip - 1, 0), label), True
+    elif match := _INDEX.match(line):
         entry.old_id = match.group(1)
         entry.symlink |= match.group(3) == _SYMLINK
     elif line.startswith(("new file mode ", "deleted file mode ", "new mode ", "old mode ")):
         entry.symlink |= line.endswith(" " + _SYMLINK)
+        entry.side = {"new": "created", "deleted": "deleted"}.get(line.split(" ", 1)[0], entry.side)
     elif line.startswith(("GIT binary patch", "Binary files ")):
         entry.binary = True
 
