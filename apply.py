@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from rigstack import applier, cli
+from rigstack import applier, cli, importer
 from rigstack import port as porting
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
@@ -31,6 +32,7 @@ PackageArg = Annotated[Path, typer.Argument(help="a patched vllm package folder"
 def _run(source: str, out: Optional[Path], patches: Path, until: Optional[str], only: Optional[str], as_json: bool,
          dry_run: bool) -> int:
     stack, notes = load_stack(patches).select(until, tuple(filter(None, (only or "").split(","))))
+    notes += stack.unfilled_notes()
     result = applier.apply_stack(parse_source(source), stack, load_pins(), out=out, dry_run=dry_run,
                                  notes=tuple(notes))
     if as_json:
@@ -66,12 +68,43 @@ def status(package: PackageArg, as_json: JsonOpt = False) -> int:
     return 0
 
 
+class ExportFormat(str, Enum):
+    patches = "patches"
+    mbox = "mbox"
+
+
 @app.command()
 def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder for the patch files")] = Path(
-        "exported-patches")) -> int:
+        "exported-patches"),
+        fmt: Annotated[ExportFormat, typer.Option("--format", help="patches: one file each; mbox: one file (--to "
+                                                  "FILE) for `git am`")] = ExportFormat.patches) -> int:
     """Regenerate the patch files from the package's commits."""
+    if fmt is ExportFormat.mbox:
+        cli.console.print(f"wrote {importer.export_mbox(package, to)}")
+        return 0
     for path in applier.export(package, to):
         cli.console.print(f"wrote {path}")
+    return 0
+
+
+@app.command(name="import")
+def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an mbox, a quilt folder, git:PATH@A..B",
+                                                         show_default=False)],
+            patches: PatchesOpt = DEFAULT_PATCHES_DIR,
+            start: Annotated[Optional[str], typer.Option(help="first new id (default: after the last one taken)")]
+            = None,
+            base: Annotated[str, typer.Option(help="the vLLM the patches were made on: wheel | wheel:cpu | "
+                                              "image:REF | dir:PATH")] = "wheel",
+            dry_run: Annotated[bool, typer.Option("--dry-run", help="print the table, write nothing")] = False,
+            as_json: JsonOpt = False) -> int:
+    """Bring patches made elsewhere into the stack: each must apply, in order, after the stack on the base."""
+    result = importer.import_patches(sources, load_pins(), patches_dir=patches, base=base, start=start,
+                                     dry_run=dry_run)
+    if as_json:
+        print_json(result.to_json())
+    importer.print_result(result, cli.console)
+    if result.error:
+        raise UserError(result.error)
     return 0
 
 

@@ -17,7 +17,10 @@ SEPARATOR = "---\n"
 
 _NAME = re.compile(r"^(?P<id>\d{4})-[a-z0-9][a-z0-9.-]*\.patch$")
 _REQUIRED = ("subject", "why", "origin", "upstream", "switch", "rigs", "tests")
-_OPTIONAL = ("reverts",)
+_OPTIONAL = ("reverts", "trailers")
+FIELDS = _REQUIRED + _OPTIONAL
+# What `apply.py import` writes into a field its source could not fill; check warns until a person replaces it.
+UNFILLED = "unknown (imported"
 _ENV_VAR = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])=")
 _DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
@@ -33,6 +36,11 @@ class PatchHeader:
     rigs: str
     tests: str
     reverts: str | None = None
+    trailers: str | None = None  # Signed-off-by and other commit trailers an imported patch carried
+
+    def unfilled(self) -> tuple[str, ...]:
+        """The fields still holding import's placeholder."""
+        return tuple(name.capitalize() for name in _REQUIRED if getattr(self, name).startswith(UNFILLED))
 
 
 @dataclass(frozen=True)
@@ -112,6 +120,11 @@ class Stack:
     def switches(self) -> frozenset[str]:
         """The env vars the stack's patches read (from their Switch headers)."""
         return frozenset(name for patch in self.patches for name in _ENV_VAR.findall(patch.header.switch))
+
+    def unfilled_notes(self) -> list[str]:
+        """One warning per imported patch whose header still needs a person."""
+        return [f"{patch.file}: {', '.join(fields)} still read 'unknown (imported ...)'; fill them in "
+                "(see patches/README.md)" for patch in self.patches if (fields := patch.header.unfilled())]
 
     def select(self, until: str | None = None, only: tuple[str, ...] = ()) -> tuple[Stack, list[str]]:
         """The sub-stack to apply, and notes for the user about revert pairs it cuts through."""
