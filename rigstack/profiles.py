@@ -213,8 +213,11 @@ class Profile(_Frozen):
             if not isinstance(key, str) or not _FLAG.match(key):
                 fixed = str(key).lstrip("-").replace("_", "-").lower()
                 raise ValueError(f"{key!r}: write long flag names without dashes in front, like {fixed!r}")
-            if key in RENDERED_FLAGS:
-                raise ValueError(f"{key!r}: rendered from {RENDERED_FLAGS[key]}; set that instead")
+            # argparse also takes an unambiguous prefix (--hos for --host), and the last value wins.
+            rendered = next((flag for flag in RENDERED_FLAGS if flag.startswith(key)), None)
+            if rendered:
+                raise ValueError(f"{key!r}: --{rendered} is rendered from {RENDERED_FLAGS[rendered]}; set that "
+                                 "instead")
             # A list renders as one argv word per item, so each item must be a plain value, never an option:
             # [bf16, "--port", "9999"] would otherwise add flags of its own to the server's command line.
             words = item if isinstance(item, list) else [item]

@@ -124,7 +124,10 @@ def test_partition_must_match_pp(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flag", "expected"), [
     ("--max-num-seqs: 4", "vllm.--max-num-seqs: write long flag names without dashes in front, like 'max-num-seqs'"),
     ("max_num_seqs: 4", "vllm.max_num_seqs: write long flag names without dashes in front, like 'max-num-seqs'"),
-    ("tensor-parallel-size: 2", "vllm.tensor-parallel-size: rendered from parallel.tp; set that instead"),
+    ("tensor-parallel-size: 2", "vllm.tensor-parallel-size: --tensor-parallel-size is rendered from parallel.tp; "
+     "set that instead"),
+    ("hos: 9.9.9.9", "vllm.hos: --host is rendered from host; set that instead"),  # argparse reads it as --host
+    ("served-model: x", "vllm.served-model: --served-model-name is rendered from model.served_name; set that instead"),
 ])
 def test_vllm_flag_names(tmp_path: Path, flag: str, expected: str) -> None:
     path = write(tmp_path, "bad", BASE + f"  {flag}\n")
