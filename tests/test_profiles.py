@@ -182,9 +182,9 @@ def test_tiny_model_path_resolves_without_building() -> None:
 
 
 def fails_fast(path: Path) -> str:
-    began = time.perf_counter()
+    began = time.process_time()  # CPU time: a loaded CI box stretches the wall clock, not the work
     message = error_of(path)
-    assert time.perf_counter() - began < 1.0, message
+    assert time.process_time() - began < 1.0, message
     return message
 
 
