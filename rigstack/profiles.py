@@ -59,6 +59,13 @@ def _plain_word(value: str) -> str:
     return value
 
 
+def _non_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
 Word = Annotated[str, AfterValidator(_plain_word)]  # a string rendered as one argv word of vllm or docker
 
 
@@ -228,6 +235,8 @@ class Profile(_Frozen):
                 if option_like(str(word)):
                     raise ValueError(f"{key!r}: value {str(word)!r} starts with '-', so vLLM would read it as a "
                                      "flag of its own; set each flag under its own key")
+                if isinstance(word, str) and _non_finite(word):  # YAML reads 1e400 as text; vLLM as a number
+                    raise ValueError(f"{key!r}: {word} is not a finite number")
         return {key: item for key, item in value.items() if item is not None}
 
     @model_validator(mode="after")

@@ -211,6 +211,7 @@ def test_deep_nesting_is_refused_with_its_line(tmp_path: Path) -> None:
     ("hardware:\n  memory_gib: 1e400\n", ":3: hardware.memory_gib: Input should be a finite number"),
     ("kv:\n  reserve_gib_per_gpu: .nan\n", ":3: kv.reserve_gib_per_gpu: nan is not a finite number"),
     ("vllm:\n  max-num-seqs: 1.0e+400\n", ":3: vllm.max-num-seqs: inf is not a finite number"),
+    ("vllm:\n  max-num-seqs: 1e400\n", ":3: vllm.max-num-seqs: 1e400 is not a finite number"),  # text to YAML
     ("vllm:\n  kernel-config: {scale: -.inf}\n", ":3: vllm.kernel-config.scale: -inf is not a finite number"),
     ("kv:\n  layers: " + "9" * 30 + "\n", ":3: kv.layers: a 30-digit number is out of range"),
     ("kv:\n  layers: " + "9" * 5000 + "\n", ": a value cannot be read (Exceeds the limit (4300 digits)"),
