@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rigstack.errors import EXIT_BUG, EXIT_INTERRUPTED, UserError
 
@@ -36,7 +37,7 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
         if debug:
             console.print_exception()
         # soft_wrap: the message stays one line however narrow the terminal, so it can be grepped and pasted.
-        console.print(f"[bold red]error:[/] {error}", soft_wrap=True)
+        console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)  # it quotes user values
         return error.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -9,9 +9,11 @@ API:
         started is stopped first.
     stop(run_dir, grace_s=30) -> bool: SIGTERM to the recorded group, SIGKILL after the grace period; False when
         nothing recorded there is running.
+    end(record, grace_s=30) -> bool: the same for a record in hand (what this process itself started).
     running(run_dir) -> RunRecord | None
     serve_profile(profile_name, *, run_dir, model=None, dry_run=False, force=False) -> int   (scripts/run_prod.py)
-        load the profile, render it (rigstack.render), run preflight (refuse on FAIL unless force), launch, wait.
+        load the profile, render it (rigstack.render), refuse when a server of run_dir already runs, run preflight
+        (refuse on FAIL unless force), launch, wait. On failure it stops only what it started itself.
     stop_run(run_dir) -> int   (`run_prod.py stop`)
 """
 
@@ -26,12 +28,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from rich.console import RenderableType
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from rigstack import render
 from rigstack.cache import cache_dir
@@ -187,13 +191,18 @@ def port_taken(url: str) -> bool:
         return sock.connect_ex((parts.hostname or "127.0.0.1", parts.port or 80)) == 0
 
 
+def refuse_if_serving(run_dir: Path, stop_hint: str) -> None:
+    """A run dir holds one server: say which one runs there, and how to stop it, before anything is started."""
+    record = running(run_dir)
+    if record is not None:
+        raise UserError(f"already serving {record.served_name} at {record.url}, pid {record.pid}; "
+                        f"`{stop_hint}` first")
+
+
 def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
           container: str | None = None) -> tuple[subprocess.Popen[bytes], RunRecord]:
     """Start the process detached in its own session (so stop() can signal the whole group) and record it."""
-    previous = running(run_dir)
-    if previous is not None:
-        raise UserError(f"a server from {run_dir} is still running (pid {previous.pid}); "
-                        f"`{STOP_HINT} --run-dir {run_dir}` first")
+    refuse_if_serving(run_dir, f"{STOP_HINT} --run-dir {run_dir}")
     if port_taken(url):
         raise UserError(f"{url} already answers: another server holds the port; stop it or change the port")
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -245,18 +254,32 @@ def _died(process: subprocess.Popen[bytes], record: RunRecord, stage: str) -> Se
                       tail, cause, process.returncode)
 
 
+class _BootProgress(Progress):
+    """The staged progress with the server log's newest line under it: a boot takes minutes, and the log says
+    what it is doing (loading shard 12 of 40, compiling, capturing graphs)."""
+
+    log_line = ""
+
+    def get_renderables(self) -> Iterable[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.log_line:
+            yield Text(f"  {self.log_line}", style="dim", no_wrap=True, overflow="ellipsis")
+
+
 def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: float) -> dict[str, float]:
     """Walk the stages in order; returns seconds since start at which each passed."""
     server = Server(Endpoint(record.url, record.served_name), timeout_s=REQUEST_TIMEOUT_S)
     began = time.monotonic()
     passed: dict[str, float] = {}
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console,
-                  transient=True) as progress:
+    console.print(f"server log: {record.log}", markup=False)
+    with _BootProgress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
+                       console=console, transient=True) as progress:
         for stage, probe in STAGES:
             task = progress.add_task(f"waiting for {stage}")
             while True:
                 if process.poll() is not None:
                     raise _died(process, record, stage)
+                progress.log_line = log_tail(Path(record.log), 1)
                 if probe(server):
                     break
                 if time.monotonic() - began > timeout_s:
@@ -277,7 +300,7 @@ def launch(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str,
     try:
         stage_s = wait_ready(process, record, timeout_s)
     except BaseException as error:
-        stop(run_dir)
+        end(record)
         process.wait()
         if isinstance(error, ServerDied):
             console.print(f"--- last lines of {record.log} ---\n{error.tail}\n---", markup=False, style="dim")
@@ -316,10 +339,15 @@ def _wait_gone(record: RunRecord, seconds: float) -> bool:
 
 
 def stop(run_dir: Path, grace_s: float = 30.0) -> bool:
-    """End what launch() started in run_dir: SIGTERM to its group, SIGKILL after grace_s. Only the recorded
-    group is signalled, and only while its leader is the recorded process (or the group still exists)."""
+    """End what launch() started in run_dir: SIGTERM to its group, SIGKILL after grace_s."""
     record = running(run_dir)
-    if record is None:
+    return record is not None and end(record, grace_s)
+
+
+def end(record: RunRecord, grace_s: float = 30.0) -> bool:
+    """End one recorded server. Only its group is signalled, and only while its leader is the recorded process
+    (or the group still exists); False when nothing of it runs."""
+    if not _live_members(record):
         return False
     _signal_group(record, signal.SIGTERM)
     if not _wait_gone(record, grace_s):
@@ -371,17 +399,16 @@ def planned_units(profile: Profile, model: Path | None, run_dir: Path) -> list[U
 
 
 def format_command(argv: Sequence[str], env: dict[str, str]) -> str:
-    """The command for a human to read (and paste): env lines, then the argv, each value shell-quoted."""
-    lines = ["# environment (overlaid on the current one):"] if env else []
-    lines += [f"{key}={shlex.quote(value)}" for key, value in env.items()]
-    groups: list[list[str]] = []
+    """The launch as one shell command that runs as is when pasted: `env K=V ... program args`, the env overlaid
+    on the current one as the launcher does, every word shell-quoted, one option per continued line."""
+    command: list[list[str]] = []
     for arg in argv:
-        # One line per option and its values; the program and its first words share the first line.
-        if not groups or arg.startswith("-"):
-            groups.append([])
-        groups[-1].append(shlex.quote(arg))
-    lines += ["# command:", " \\\n  ".join(" ".join(group) for group in groups)]
-    return "\n".join(lines)
+        # The program and its first words share a line; then one line per option and its values.
+        if not command or arg.startswith("-"):
+            command.append([])
+        command[-1].append(arg)
+    prefix = [["env", *(f"{key}={value}" for key, value in env.items())]] if env else []
+    return " \\\n  ".join(" ".join(map(shlex.quote, group)) for group in [*prefix, *command])
 
 
 def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: Path | None = None,
@@ -395,23 +422,28 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
     if dry_run:
         print("\n\n".join(format_command(unit.argv, unit.env) for unit in units))
         return 0
+    stop_hint = STOP_HINT + ("" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}")
+    for unit in units:
+        refuse_if_serving(unit.run_dir, stop_hint)
     if run_preflight(profile_name, model=model) == EXIT_FAIL:
         if not force:
             raise UserError(f"preflight failed for profile {profile.name} (FAIL lines above); fix them, or "
                             f"`python scripts/run_prod.py --profile {profile_name} --force` to start anyway",
                             exit_code=EXIT_FAIL)
         console.print("[yellow]preflight failed; starting anyway (--force)[/]")
-    stop_hint = STOP_HINT + ("" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}")
+    started: list[RunRecord] = []
     try:
         for unit in units:
             launched = launch(unit.argv, unit.env, unit.run_dir, url=unit.url, served_name=profile.model.served_name,
                               timeout_s=profile.health_timeout_s, container=unit.container)
-            console.print(f"[green]ready[/] {unit.url} serves {profile.model.served_name!r} "
-                          f"(pid {launched.record.pid}, log {launched.record.log})")
+            started.append(launched.record)
+            console.print(Text.assemble(("ready", "green"), f" {unit.url} serves {profile.model.served_name!r} "
+                                        f"(pid {launched.record.pid}, log {launched.record.log})"))
     except BaseException:
-        stop_all(run_dir)  # a half-started set of replicas is no use
+        for record in started:  # a half-started set of replicas is no use; what others started is not ours
+            end(record)
         raise
-    console.print(f"stop with `{stop_hint}`")
+    console.print(f"stop with `{stop_hint}`", markup=False)
     return 0
 
 
@@ -424,6 +456,6 @@ def stop_all(run_dir: Path) -> int:
 def stop_run(run_dir: Path = DEFAULT_RUN_DIR) -> int:
     stopped = stop_all(run_dir)
     if stopped:
-        console.print(f"stopped {stopped} server(s) recorded in {run_dir}")
+        console.print(f"stopped {stopped} server(s) recorded in {run_dir}", markup=False)
         return 0
     raise UserError(f"no running server is recorded in {run_dir}; pass the --run-dir it was started with")

@@ -11,14 +11,16 @@ model_dir() when it is needed, never at load time.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import types
 import typing
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rigstack.errors import UserError
 from rigstack.versions import REPO_ROOT
@@ -35,10 +37,40 @@ _FLAG = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LOADER_KEYS = ("name", "source_files")
 _NAMED_KEY = re.compile(r"^'([^']+)': ")  # set by the loader, never by a file
+# Limits far beyond any rig, so that a hostile or mistyped file fails at once instead of exhausting the host.
+MAX_DEPTH = 32  # nesting of mappings and lists
+MAX_VALUES = 10_000  # values after YAML aliases are expanded (an alias bomb is small on disk, huge in memory)
+MAX_INT = 2**53  # every larger integer stops being exact as a float, and no setting needs one
+MAX_UNITS = 1024  # tp, pp and replicas each
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # tab and newline are fine; NUL cannot even reach exec()
+# argparse reads a word starting with "-" as an option unless it looks like a negative number (its own pattern).
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def option_like(word: str) -> bool:
+    """True when an argument parser would take this word for an option rather than a value."""
+    return word.startswith("-") and not _NEGATIVE_NUMBER.match(word)
+
+
+def _plain_word(value: str) -> str:
+    if option_like(value):
+        raise ValueError(f"{value!r} starts with '-', so it would reach the command line as an option; "
+                         "write the value without the dash")
+    return value
+
+
+def _non_finite(text: str) -> bool:
+    try:
+        return not math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+Word = Annotated[str, AfterValidator(_plain_word)]  # a string rendered as one argv word of vllm or docker
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class Hardware(_Frozen):
@@ -85,13 +117,13 @@ class Weights(_Frozen):
 
 
 class Model(Weights):
-    served_name: str
+    served_name: Word
 
 
 class Parallel(_Frozen):
-    tp: int = Field(1, ge=1)
-    pp: int = Field(1, ge=1)
-    replicas: int = Field(1, ge=1)  # independent tp x pp units on distinct GPUs, ports port, port+1, ...
+    tp: int = Field(1, ge=1, le=MAX_UNITS)
+    pp: int = Field(1, ge=1, le=MAX_UNITS)
+    replicas: int = Field(1, ge=1, le=MAX_UNITS)  # independent tp x pp units on distinct GPUs, ports port, port+1, ...
     partition: tuple[int, ...] | None = None  # layers per PP stage, rendered as VLLM_PP_LAYER_PARTITION
 
     @property
@@ -120,8 +152,8 @@ class Offload(_Frozen):
 
 
 class Docker(_Frozen):
-    shm_size: str = "16g"
-    ipc: str = "host"
+    shm_size: Word = "16g"
+    ipc: Word = "host"
 
 
 class Profile(_Frozen):
@@ -137,12 +169,25 @@ class Profile(_Frozen):
     offload: Offload | None = None
     env: dict[str, str] = {}
     vllm: dict[str, Any] = {}  # long flag name without dashes in front -> value (see rigstack.render)
-    image: str | None = None
+    image: Word | None = None
     docker: Docker = Docker()
-    host: str = "0.0.0.0"
+    host: Word = "0.0.0.0"
     port: int = Field(8000, ge=1, le=65535)
-    health_timeout_s: int = Field(600, ge=1)
+    health_timeout_s: int = Field(600, ge=1, le=7 * 24 * 3600)
     source_files: tuple[str, ...] = ()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _usable_numbers(cls, data: Any) -> Any:
+        """Infinities, NaN and huge integers fail here, named, rather than as an OverflowError in some check."""
+        for path, value in _leaves(data):
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"'{_dotted(path)}': {value} is not a finite number")
+            if isinstance(value, int) and abs(value) > MAX_INT:
+                raise ValueError(f"'{_dotted(path)}': a {len(str(abs(value)))}-digit number is out of range")
+        return data
 
     @field_validator("env", mode="before")
     @classmethod
@@ -170,13 +215,28 @@ class Profile(_Frozen):
 
     @field_validator("vllm")
     @classmethod
-    def _flag_names(cls, value: dict[str, Any]) -> dict[str, Any]:
-        for key in value:
+    def _flags(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for key, item in value.items():
             if not isinstance(key, str) or not _FLAG.match(key):
                 fixed = str(key).lstrip("-").replace("_", "-").lower()
                 raise ValueError(f"{key!r}: write long flag names without dashes in front, like {fixed!r}")
-            if key in RENDERED_FLAGS:
-                raise ValueError(f"{key!r}: rendered from {RENDERED_FLAGS[key]}; set that instead")
+            # argparse also takes an unambiguous prefix (--hos for --host), and the last value wins.
+            rendered = next((flag for flag in RENDERED_FLAGS if flag.startswith(key)), None)
+            if rendered:
+                raise ValueError(f"{key!r}: --{rendered} is rendered from {RENDERED_FLAGS[rendered]}; set that "
+                                 "instead")
+            # A list renders as one argv word per item, so each item must be a plain value, never an option:
+            # [bf16, "--port", "9999"] would otherwise add flags of its own to the server's command line.
+            words = item if isinstance(item, list) else [item]
+            plain = [word for word in words if isinstance(word, (str, int, float)) and not isinstance(word, bool)]
+            if isinstance(item, list) and len(plain) != len(item):
+                raise ValueError(f"{key!r}: a list of values holds plain strings or numbers only")
+            for word in plain:
+                if option_like(str(word)):
+                    raise ValueError(f"{key!r}: value {str(word)!r} starts with '-', so vLLM would read it as a "
+                                     "flag of its own; set each flag under its own key")
+                if isinstance(word, str) and _non_finite(word):  # YAML reads 1e400 as text; vLLM as a number
+                    raise ValueError(f"{key!r}: {word} is not a finite number")
         return {key: item for key, item in value.items() if item is not None}
 
     @model_validator(mode="after")
@@ -204,9 +264,55 @@ class Profile(_Frozen):
         return ",".join(str(n) for n in partition) if partition else None
 
 
+def _leaves(data: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """Every scalar of nested mappings and lists, with the key path of the mapping entry that holds it."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _leaves(value, (*path, key))
+    elif isinstance(data, list):
+        for item in data:
+            yield from _leaves(item, path)
+    else:
+        yield path, data
+
+
 # --- the one YAML loader ---------------------------------------------------------------------------------------
 
 Lines = dict[tuple[Any, ...], tuple[str, int]]
+
+
+def _check_events(text: str, file: str) -> None:
+    """One streaming pass over the parser's events, before anything is built: nesting depth, the number of values
+    once aliases are expanded (counted per anchor, so an alias bomb costs nothing to measure) and control
+    characters. PyYAML's composer recurses per level and its constructor expands every alias, so both come after."""
+    sizes: dict[str, int] = {}  # anchor -> values under it, expanded
+    open_nodes: list[list[Any]] = []  # [anchor, values so far] per open mapping or list
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        line = event.start_mark.line + 1
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            if len(open_nodes) >= MAX_DEPTH:
+                raise UserError(f"{file}:{line}: nested more than {MAX_DEPTH} levels deep (profiles need four); "
+                                "flatten it")
+            open_nodes.append([event.anchor, 1])
+            continue
+        if isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            anchor, count = open_nodes.pop()
+        elif isinstance(event, yaml.ScalarEvent):
+            bad = _CONTROL.search(event.value)
+            if bad:
+                raise UserError(f"{file}:{line}: a value holds the control character {bad.group()!r}; remove it")
+            anchor, count = event.anchor, 1
+        elif isinstance(event, yaml.AliasEvent):
+            anchor, count = None, sizes.get(event.anchor, 1)
+        else:
+            continue
+        if anchor is not None:
+            sizes[anchor] = count
+        if open_nodes:
+            open_nodes[-1][1] += count
+            if open_nodes[-1][1] > MAX_VALUES:
+                raise UserError(f"{file}:{line}: more than {MAX_VALUES:,} values once YAML aliases are expanded; "
+                                "write the values out, or share them with extends:")
 
 
 def _walk(node: yaml.Node, path: tuple[Any, ...], file: str, lines: Lines) -> None:
@@ -235,6 +341,7 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], Lines]:
         raise UserError(f"{path}: cannot read ({error.strerror}); check the path") from None
     loader = yaml.SafeLoader(text)
     try:
+        _check_events(text, str(path))
         node = loader.get_single_node()
         data = loader.construct_document(node) if node is not None else {}
     except yaml.YAMLError as error:
@@ -242,6 +349,8 @@ def read_yaml(path: Path) -> tuple[dict[str, Any], Lines]:
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise UserError(f"{where}: invalid YAML ({problem}); fix the syntax") from None
+    except ValueError as error:  # a value the constructor cannot build: a 5,000-digit integer, a 13th month
+        raise UserError(f"{path}: a value cannot be read ({str(error).split(';')[0]}); fix it") from None
     finally:
         loader.dispose()
     if not isinstance(data, dict):

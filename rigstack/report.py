@@ -6,7 +6,9 @@ import json
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rigstack.applier import StackResult
 
@@ -19,31 +21,32 @@ def print_json(data: object) -> None:
 
 def print_stack_result(result: StackResult, console: Console) -> None:
     title = f"{'check' if result.dry_run else 'apply'}: {result.source} -> {result.package}"
-    table = Table(title=title, title_justify="left")
+    table = Table(title=escape(title), title_justify="left")
     for column in ("patch", "status", "detail"):
         table.add_column(column)
     for patch in result.patches:
         style = _STYLE.get(patch.status, "bold red")
-        table.add_row(patch.file, f"[{style}]{patch.status}[/]", patch.detail)
+        table.add_row(Text(patch.file), Text(patch.status, style), Text(patch.detail))
     if result.patches:
         console.print(table)
     else:
-        console.print(f"{title}: no patches selected")
+        console.print(f"{title}: no patches selected", markup=False)
     console.print(f"baseline {result.flavour} {result.fingerprint[:19]}…  stack {result.stack_hash[:19]}…")
     for note in result.notes:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(Text.assemble(("note:", "yellow"), f" {note}"))
     if result.written and result.combined_diff:
-        console.print(f"combined diff: {result.combined_diff}")
+        console.print(f"combined diff: {result.combined_diff}", markup=False)
 
 
 def print_status(status: dict, console: Console) -> None:
-    table = Table(title=f"{status['package']} (vLLM {status['vllm_version']}, {status['flavour']})",
+    table = Table(title=escape(f"{status['package']} (vLLM {status['vllm_version']}, {status['flavour']})"),
                   title_justify="left")
     for column in ("patch", "status", "commit"):
         table.add_column(column)
     for patch in status["patches"]:
-        table.add_row(patch["file"], patch["status"], patch["commit"][:12])
+        table.add_row(Text(patch["file"]), Text(patch["status"]), patch["commit"][:12])
     console.print(table)
     console.print(f"stack {status['stack_hash']}  stamp matches history: {status['stamp_matches_history']}")
     if status["dirty_files"]:
-        console.print(f"[yellow]changed outside the stack:[/] {', '.join(status['dirty_files'][:10])}")
+        dirty = ", ".join(status["dirty_files"][:10])
+        console.print(Text.assemble(("changed outside the stack:", "yellow"), f" {dirty}"))

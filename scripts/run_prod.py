@@ -27,7 +27,8 @@ def main(ctx: typer.Context,
          profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or YAML path")] = DEFAULT_PROFILE,
          model: Annotated[Optional[Path], typer.Option(help="model folder, instead of the profile's")] = None,
          run_dir: RunDirOpt = DEFAULT_RUN_DIR,
-         dry_run: Annotated[bool, typer.Option("--dry-run", help="print the command and env; start nothing")] = False,
+         dry_run: Annotated[bool, typer.Option("--dry-run",
+                                               help="print the launch as a shell command; start nothing")] = False,
          force: Annotated[bool, typer.Option("--force", help="start even when preflight fails")] = False) -> None:
     if ctx.invoked_subcommand is None:
         raise typer.Exit(serve_profile(profile, run_dir=run_dir, model=model, dry_run=dry_run, force=force))

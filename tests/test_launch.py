@@ -3,14 +3,18 @@ healthy (no mocks; the vLLM boot itself is covered by test_run_prod_e2e.py)."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from rigstack import launch
 from rigstack.errors import UserError
@@ -27,6 +31,9 @@ if mode == "oom":
     sys.exit(1)
 if mode == "stubborn":
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if mode == "slow":  # a boot that says what it is doing before it listens
+    print("loading weights: shard 1 of 2", flush=True)
+    time.sleep(3)
 # A worker in the same process group, as vLLM's engine core and workers are.
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(f"child {child.pid}", flush=True)
@@ -144,9 +151,40 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(fake) -> None:
 
 def test_a_second_launch_into_a_busy_run_dir_is_refused(fake) -> None:
     launched = fake("ok")
-    with pytest.raises(UserError, match="still running") as caught:
+    with pytest.raises(UserError) as caught:
         fake("ok")
-    assert f"pid {launched.record.pid}" in str(caught.value)
+    assert str(caught.value).startswith(f"already serving tiny at {launched.record.url}, pid {launched.record.pid}; ")
+    assert launch.running(fake.run_dir) == launched.record  # the refusal stopped nothing
+
+
+def test_the_boot_shows_the_log_s_last_line_live_and_where_the_log_is(fake, monkeypatch: pytest.MonkeyPatch) -> None:
+    screen = io.StringIO()
+    monkeypatch.setattr(launch, "console", Console(file=screen, force_terminal=True, force_interactive=True,
+                                                   width=200, highlight=False, no_color=True))
+    launched = fake("slow")
+    shown = screen.getvalue()
+    assert f"server log: {launched.record.log}" in shown
+    assert "loading weights: shard 1 of 2" in shown  # the newest log line, while /health still fails
+    assert "ok /health 200" in shown
+
+
+def test_a_dry_run_command_runs_as_is_in_a_shell(tmp_path: Path) -> None:
+    """The printed launch, pasted into bash, runs the same argv with the same env on top of the current one."""
+    seen = tmp_path / "seen.json"
+    dumper = tmp_path / "dump"
+    dumper.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                      f"open({str(seen)!r}, 'w').write(json.dumps([sys.argv, dict(os.environ)]))\n")
+    dumper.chmod(0o755)
+    env = {"PLAIN": "1", "SPACED": "a b", "QUOTES": "it's \"x\"", "DOLLAR": "$HOME $(echo no) `id`", "BAR": "0|1",
+           "NEWLINE": "one\ntwo"}
+    argv = [str(dumper), "-m", "module", "--flag", "a b", "--json", '{"k":"v w"}', "--glob", "*", "--semi", "x;y"]
+    text = launch.format_command(argv, env)
+    done = subprocess.run(["bash", "-c", text], env={"PATH": os.environ["PATH"], "KEEP": "kept"},
+                          capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    got_argv, got_env = json.loads(seen.read_text())
+    assert got_argv == argv
+    assert {key: got_env.get(key) for key in env} == env and got_env["KEEP"] == "kept"
 
 
 def test_a_taken_port_is_refused_before_starting(tmp_path: Path) -> None:

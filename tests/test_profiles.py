@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pydantic
@@ -123,7 +124,10 @@ def test_partition_must_match_pp(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("flag", "expected"), [
     ("--max-num-seqs: 4", "vllm.--max-num-seqs: write long flag names without dashes in front, like 'max-num-seqs'"),
     ("max_num_seqs: 4", "vllm.max_num_seqs: write long flag names without dashes in front, like 'max-num-seqs'"),
-    ("tensor-parallel-size: 2", "vllm.tensor-parallel-size: rendered from parallel.tp; set that instead"),
+    ("tensor-parallel-size: 2", "vllm.tensor-parallel-size: --tensor-parallel-size is rendered from parallel.tp; "
+     "set that instead"),
+    ("hos: 9.9.9.9", "vllm.hos: --host is rendered from host; set that instead"),  # argparse reads it as --host
+    ("served-model: x", "vllm.served-model: --served-model-name is rendered from model.served_name; set that instead"),
 ])
 def test_vllm_flag_names(tmp_path: Path, flag: str, expected: str) -> None:
     path = write(tmp_path, "bad", BASE + f"  {flag}\n")
@@ -172,3 +176,77 @@ def test_tiny_model_path_resolves_without_building() -> None:
     assert profile.model.path == "tiny:dense"
     assert model_dir(profile.model, build=False) == tiny_model_dir("dense")
     assert model_dir(load_profile("l40-8x-tp8").model) == Path("/data/models/GLM-5.3-Flash-NVFP4")
+
+
+# --- hostile and mistyped files fail at once, named (issue 11, item 14) -----------------------------------------
+
+
+def fails_fast(path: Path) -> str:
+    began = time.process_time()  # CPU time: a loaded CI box stretches the wall clock, not the work
+    message = error_of(path)
+    assert time.process_time() - began < 1.0, message
+    return message
+
+
+def test_an_alias_bomb_is_refused_before_it_is_expanded(tmp_path: Path) -> None:
+    # Seven levels of nine aliases each: 4.8 million values in memory, 300 bytes on disk.
+    lines = ['x0: &a0 "lol"'] + [f"x{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 8)]
+    path = write(tmp_path, "bomb", BASE + "\n".join(lines) + "\n")
+    assert fails_fast(path).startswith(f"{path}:25: more than 10,000 values once YAML aliases are expanded")
+    shared = write(tmp_path, "shared", BASE.replace("  CUDA_DEVICE_ORDER: PCI_BUS_ID", "  CUDA_DEVICE_ORDER: &o PCI")
+                   + "  tokenizer-mode: *o\n")
+    assert load_profile(shared).vllm["tokenizer-mode"] == "PCI"  # a plain alias is still fine
+
+
+def test_deep_nesting_is_refused_with_its_line(tmp_path: Path) -> None:
+    path = write(tmp_path, "deep", BASE + "  kernel-config: " + "[" * 5000 + "]" * 5000 + "\n")
+    assert fails_fast(path) == f"{path}:20: nested more than 32 levels deep (profiles need four); flatten it"
+    mapping = write(tmp_path, "deepmap", BASE + "  kernel-config: " + "{a: " * 5000 + "1" + "}" * 5000 + "\n")
+    assert "nested more than 32 levels deep" in fails_fast(mapping)
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("parallel:\n  replicas: 200000000\n", ":3: parallel.replicas: Input should be less than or equal to 1024"),
+    ("hardware:\n  shm_gib: .inf\n", ":3: hardware.shm_gib: inf is not a finite number"),
+    ("hardware:\n  memory_gib: 1e400\n", ":3: hardware.memory_gib: Input should be a finite number"),
+    ("kv:\n  reserve_gib_per_gpu: .nan\n", ":3: kv.reserve_gib_per_gpu: nan is not a finite number"),
+    ("vllm:\n  max-num-seqs: 1.0e+400\n", ":3: vllm.max-num-seqs: inf is not a finite number"),
+    ("vllm:\n  max-num-seqs: 1e400\n", ":3: vllm.max-num-seqs: 1e400 is not a finite number"),  # text to YAML
+    ("vllm:\n  kernel-config: {scale: -.inf}\n", ":3: vllm.kernel-config.scale: -inf is not a finite number"),
+    ("kv:\n  layers: " + "9" * 30 + "\n", ":3: kv.layers: a 30-digit number is out of range"),
+    ("kv:\n  layers: " + "9" * 5000 + "\n", ": a value cannot be read (Exceeds the limit (4300 digits)"),
+    ("health_timeout_s: 99999999999\n", ":2: health_timeout_s: Input should be less than or equal to 604800"),
+    ('env:\n  FOO: "a\\0b"\n', ":3: a value holds the control character '\\x00'; remove it"),
+    ('description: "ring \\a the bell"\n', ":2: a value holds the control character '\\x07'; remove it"),
+])
+def test_numbers_and_characters_no_rig_needs(tmp_path: Path, text: str, expected: str) -> None:
+    """Each of these once passed the loader and failed later: a dry run that never ended, an OverflowError in a
+    preflight check, a ValueError from exec() at launch."""
+    path = write(tmp_path, "bad", "extends: cpu-tiny\n" + text)
+    assert fails_fast(path).startswith(f"{path}{expected}")
+
+
+# --- no value becomes a flag of its own (issue 11, item 15) -----------------------------------------------------
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ('vllm:\n  dtype: [bf16, "--port", "9999", "--model", "/evil", "--trust-remote-code"]\n',
+     ":3: vllm.dtype: value '--port' starts with '-', so vLLM would read it as a flag of its own"),
+    ('vllm:\n  tokenizer: "--trust-remote-code"\n', ":3: vllm.tokenizer: value '--trust-remote-code' starts"),
+    ("vllm:\n  compilation-config: -O3\n", ":3: vllm.compilation-config: value '-O3' starts with '-'"),
+    ("vllm:\n  ignore-patterns: [a, [b]]\n", ":3: vllm.ignore-patterns: a list of values holds plain strings"),
+    ("vllm:\n  ignore-patterns: [a, true]\n", ":3: vllm.ignore-patterns: a list of values holds plain strings"),
+    ('model:\n  path: tiny:dense\n  served_name: "--trust-remote-code"\n',
+     ":4: model.served_name: '--trust-remote-code' starts with '-', so it would reach the command line as an"),
+    ('host: "--privileged"\n', ":2: host: '--privileged' starts with '-'"),
+    ('image: "--privileged"\n', ":2: image: '--privileged' starts with '-'"),
+    ('docker:\n  ipc: "--pid=host"\n', ":3: docker.ipc: '--pid=host' starts with '-'"),
+])
+def test_values_that_read_as_options_are_refused(tmp_path: Path, text: str, expected: str) -> None:
+    path = write(tmp_path, "bad", "extends: cpu-tiny\n" + text)
+    assert fails_fast(path).startswith(f"{path}{expected}")
+
+
+def test_negative_numbers_are_values(tmp_path: Path) -> None:
+    path = write(tmp_path, "neg", "extends: cpu-tiny\nvllm:\n  seed: -1\n  logits-processors: ['-2', -0.5]\n")
+    assert load_profile(path).vllm["seed"] == -1

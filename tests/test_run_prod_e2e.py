@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -12,14 +13,16 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rigstack import launch
+from rigstack import launch, render
 from rigstack.cache import cache_dir
 from rigstack.preflight.knowledge import find_package
+from rigstack.profiles import load_profile
 from rigstack.stamp import read_stamp
 from tests.fixtures_server import free_port, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "The server has four cards and"
+TERMINAL = {"TTY_COMPATIBLE": "1", "TTY_INTERACTIVE": "1", "COLUMNS": "250"}  # rich's switches for a terminal
 
 
 def _run(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -68,13 +71,25 @@ def _serve_and_check(work: dict[str, object], base: str) -> dict[str, object]:
     assert statuses["stamp"] == "PASS" and statuses["model"] == "PASS"
 
     try:
-        started = _run(["scripts/run_prod.py", "--profile", str(profile), "--run-dir", str(run_dir)], env,
-                       timeout=1200)
+        # As on a terminal, so the live progress is drawn and lands in the captured stderr.
+        started = _run(["scripts/run_prod.py", "--profile", str(profile), "--run-dir", str(run_dir)],
+                       {**env, **TERMINAL}, timeout=1200)
         assert started.returncode == 0, started.stderr[-3000:]
         assert "ready" in started.stderr
         record = launch.running(run_dir)
         assert record is not None, "run_prod returned but its server is not running"
         url = record.url
+        assert f"server log: {record.log}" in started.stderr
+        boot_lines = [line.strip()[:60] for line in Path(record.log).read_text().splitlines() if line.strip()]
+        assert any(line in started.stderr for line in boot_lines), "no line of the server's log was shown"
+
+        # Its own server up: --force says so and stops nothing (it used to stop this very server).
+        again = _run(["scripts/run_prod.py", "--profile", str(profile), "--run-dir", str(run_dir), "--force"], env,
+                     timeout=300)
+        assert again.returncode == 1, again.stdout + again.stderr
+        assert launch.running(run_dir) == record, "the refused start stopped the running server"
+        assert (f"error: already serving tiny at {url}, pid {record.pid}; `python scripts/run_prod.py stop "
+                f"--run-dir {run_dir}` first") in " ".join(again.stderr.split())
 
         def complete() -> dict:
             response = httpx.post(url + "/v1/completions", timeout=120, json={
@@ -133,14 +148,29 @@ def test_the_pp2_variant_serves_the_same_tokens(single: dict[str, object], pp2: 
         assert best - second < 0.05 and pp2["strings"][split] == runner_up, (split, single["top"][split])
 
 
-def test_dry_run_prints_the_command_and_env_and_starts_nothing(tmp_path: Path) -> None:
-    result = _run(["scripts/run_prod.py", "--profile", "cpu-tiny-pp2", "--dry-run", "--run-dir", str(tmp_path)],
-                  {})
+def test_the_dry_run_command_runs_as_is_in_a_shell(tmp_path: Path) -> None:
+    """Pasted into bash, the printed launch runs the rendered argv with the rendered env (the interpreter swapped
+    for a script that records what it was given), and starts nothing."""
+    profile = tmp_path / "odd.yaml"
+    profile.write_text("extends: cpu-tiny-pp2\nenv:\n  RIGSTACK_T_SPACED: 'a b'\n"
+                       "  RIGSTACK_T_SHELL: '$HOME `id` $(no)'\n  RIGSTACK_T_QUOTES: \"it's \\\"x\\\"\"\n")
+    result = _run(["scripts/run_prod.py", "--profile", str(profile), "--model", "/m/tiny", "--dry-run",
+                   "--run-dir", str(tmp_path)], {})
     assert result.returncode == 0, result.stderr
-    assert "VLLM_PP_LAYER_PARTITION=3,1" in result.stdout
-    assert "VLLM_CPU_OMP_THREADS_BIND='0|1'" in result.stdout  # quoted for a shell
-    assert "--pipeline-parallel-size 2" in result.stdout and "-m vllm.entrypoints.openai.api_server" in result.stdout
     assert not (tmp_path / launch.RECORD_NAME).exists()
+    seen = tmp_path / "seen.json"
+    recorder = tmp_path / "recorder"
+    recorder.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                        f"open({str(seen)!r}, 'w').write(json.dumps([sys.argv[1:], dict(os.environ)]))\n")
+    recorder.chmod(0o755)
+    line = result.stdout.replace(shlex.quote(sys.executable), shlex.quote(str(recorder)), 1)
+    done = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ["PATH"], "KEPT": "1"})
+    assert done.returncode == 0, done.stderr
+    argv, environ = json.loads(seen.read_text())
+    expected = render.serve_command(load_profile(profile), model=Path("/m/tiny"))
+    assert argv == expected.argv[1:] and "VLLM_PP_LAYER_PARTITION" in expected.env
+    assert {key: environ.get(key) for key in expected.env} == expected.env and environ["KEPT"] == "1"
 
 
 def test_a_failing_preflight_refuses_to_start(tmp_path: Path, tiny_model: Path) -> None:

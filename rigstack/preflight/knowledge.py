@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rigstack.cache import cache_dir
 
-SCRIPT_VERSION = 2
+SCRIPT_VERSION = 3
 TIMEOUT_S = 180  # importing vLLM on a busy 2-core box takes 15-60 s
 
 # Runs inside the package's interpreter: stdlib only, and vLLM.
@@ -40,7 +40,7 @@ try:
     for action in make_arg_parser(FlexibleArgumentParser())._actions:
         for option in action.option_strings:
             if option.startswith("--"):
-                out["flags"][option[2:]] = {"takes_value": action.nargs != 0,
+                out["flags"][option[2:]] = {"takes_value": action.nargs != 0, "nargs": action.nargs or None,
                                             "choices": [str(c) for c in action.choices] if action.choices else None}
 except BaseException as error:
     out["error"] = (type(error).__name__ + ": " + str(error)).splitlines()[0][:300]
@@ -53,6 +53,7 @@ _MARK = "@@RIGSTACK@@"
 class Flag:
     takes_value: bool
     choices: tuple[str, ...] | None = None
+    nargs: int | str | None = None  # argparse's for a flag with a value: None (one), "?", "*", "+" or a count
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def _cache_file(package: Path, python: str, modules: list[str]) -> Path:
 
 
 def _parse(data: dict, cached: bool) -> Knowledge:
-    flags = {name: Flag(info["takes_value"], tuple(info["choices"]) if info["choices"] else None)
+    flags = {name: Flag(info["takes_value"], tuple(info["choices"]) if info["choices"] else None, info["nargs"])
              for name, info in data["flags"].items()}
     return Knowledge(flags, frozenset(data["env"]), data["imports"], data["missing"], data["version"], data["error"],
                      cached)

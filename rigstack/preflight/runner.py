@@ -9,7 +9,9 @@ from pathlib import Path
 
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from rigstack.errors import UserError
 from rigstack.preflight import hardware, host, model, package, settings  # noqa: F401 - registers the checks
@@ -57,8 +59,9 @@ def exit_code(results: list[Result], strict: bool) -> int:
 def _print(profile: Profile, results: list[Result], seconds: float) -> None:
     width = max(len(result.check) for result in results)
     for result in results:
-        out.print(f"[{_STYLE[result.status]}]{result.status.value}[/] {result.check:<{width}}  {result.reason}",
-                  markup=True)
+        # Reasons quote profile values and paths: printed as text, never read as markup.
+        out.print(Text.assemble((result.status.value, _STYLE[result.status]), f" {result.check:<{width}}  "
+                                f"{result.reason}"))
         if result.fix and result.status in (Status.FAIL, Status.WARN):
             out.print(f"     {'':<{width}}  fix: {result.fix}", markup=False)
     counts = ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
@@ -91,12 +94,12 @@ def list_fits(as_json: bool = False) -> int:
                            "reason": r.reason, "description": p.description} for p, r in rows], indent=2))
         return EXIT_OK
     host_line = ", ".join(sorted({g.name for g in gpus.gpus})) or gpus.problem or "no GPU"
-    table = Table(title=f"profiles (this host: {len(gpus.gpus)} GPU(s): {host_line})", title_justify="left")
+    table = Table(title=escape(f"profiles (this host: {len(gpus.gpus)} GPU(s): {host_line})"), title_justify="left")
     for column in ("profile", "GPUs", "fits", "description"):
         table.add_column(column)
     for profile, result in rows:
         fits = "[green]yes[/]" if result.status is Status.PASS else "[dim]no[/]"
-        table.add_row(profile.name, str(profile.gpus_needed), fits, profile.description)
+        table.add_row(Text(profile.name), str(profile.gpus_needed), fits, Text(profile.description))
     out.print(table)
     return EXIT_OK
 

@@ -24,8 +24,20 @@ def _hint(name: str, known: list[str] | set[str] | frozenset[str]) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def _shape_problem(name: str, value: Any, nargs: int | str | None) -> str | None:
+    """A list renders as one word per item: it must fit the flag's nargs, and a one-value flag takes no list."""
+    count = len(value) if isinstance(value, list) else 1
+    if isinstance(value, list) and nargs in (None, "?"):
+        return f"--{name} takes one value, not a list of {count}; write one value"
+    if isinstance(nargs, int) and count != nargs:
+        return f"--{name} takes {nargs} values, not {count}"
+    if nargs == "+" and count == 0:
+        return f"--{name} needs at least one value, not an empty list"
+    return None
+
+
 def flag_problems(flags: dict[str, Any], known: dict[str, Any]) -> list[str]:
-    """Each profile flag against vLLM's parser: name, boolean form, value and choices."""
+    """Each profile flag against vLLM's parser: name, boolean form, value shape (nargs) and choices."""
     problems = []
     for name, value in flags.items():
         spec = known.get(name)
@@ -37,8 +49,13 @@ def flag_problems(flags: dict[str, Any], known: dict[str, Any]) -> list[str]:
             problems.append(f"--{name} needs a value, not true")
         elif not isinstance(value, bool) and not spec.takes_value:
             problems.append(f"--{name} is a switch; write true or false, not {value!r}")
-        elif spec.choices and not isinstance(value, bool) and str(value) not in spec.choices:
-            problems.append(f"--{name} {value} is not one of {', '.join(spec.choices[:8])}")
+        elif not isinstance(value, bool) and (shape := _shape_problem(name, value, spec.nargs)):
+            problems.append(shape)
+        elif spec.choices and not isinstance(value, bool):
+            wrong = [str(item) for item in (value if isinstance(value, list) else [value])
+                     if str(item) not in spec.choices]
+            if wrong:
+                problems.append(f"--{name} {wrong[0]} is not one of {', '.join(spec.choices[:8])}")
     return problems
 
 

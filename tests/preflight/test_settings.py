@@ -32,6 +32,10 @@ def test_every_shipped_profile_uses_only_real_flags(vllm_knowledge: Knowledge) -
     ("enable-auto-tool-choice: 3", ["--enable-auto-tool-choice is a switch; write true or false, not 3"]),
     ("max-model-len: true", ["--max-model-len needs a value, not true"]),
     ("enable-auto-tool-choice: false", []),  # BooleanOptionalAction: --no-enable-auto-tool-choice exists
+    # A list renders as one argv word per item; vLLM's parser says how many words each flag takes (its nargs).
+    ("dtype: [bfloat16, float16]", ["--dtype takes one value, not a list of 2"]),
+    ("ignore-patterns: ['*.pt', '*.bin']", []),  # nargs="+"
+    ("ignore-patterns: []", ["--ignore-patterns needs at least one value, not an empty list"]),
 ])
 def test_bad_flags_fail(tmp_path: Path, vllm_knowledge: Knowledge, flags: str, words: list[str]) -> None:  # noqa: F811
     profile = profile_at(tmp_path, f"extends: cpu-tiny\nvllm:\n  {flags}\n")
