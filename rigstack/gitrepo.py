@@ -177,6 +177,42 @@ class PackageRepo:
         entries = [chunk.strip("\n") for chunk in out.split("\x01") if chunk.strip("\n")]
         return [tuple(entry.split("\0", 1)) for entry in entries]  # type: ignore[misc]
 
+    def root(self, commit: str) -> str:
+        """The first commit of the history that leads to `commit` (the baseline)."""
+        return self.run("rev-list", "--max-parents=0", commit).split()[-1]
+
+    def blob_sizes(self, commit: str, paths: list[str]) -> int:
+        """Total bytes of those files at `commit`: what a checkout of them writes."""
+        if not paths:
+            return 0
+        out = self.run("ls-tree", "-l", "-z", commit, "--", *paths)
+        return sum(int(size) for entry in out.split("\0") if entry
+                   for size in [entry.split(None, 4)[3]] if size.isdigit())
+
+    def file_blobs(self, commit: str, suffix: str) -> Iterator[tuple[str, bytes]]:
+        """(path, content) of every file at `commit` whose name ends with `suffix`, read in one cat-file process."""
+        listing = self.run("ls-tree", "-r", "-z", "--full-tree", commit)
+        entries = [(line.split("\t", 1)[1], line.split()[2]) for line in listing.split("\0") if line]
+        wanted = [(path, blob) for path, blob in entries if path.endswith(suffix)]
+        data = self._git.execute(["git", "cat-file", "--batch"], env=self._env, strip_newline_in_stdout=False,
+                                 istream=_bytes_stream("".join(f"{blob}\n" for _, blob in wanted).encode()),
+                                 as_process=False, stdout_as_string=False)
+        offset = 0
+        for path, _ in wanted:
+            header_end = data.index(b"\n", offset)
+            size = int(data[offset:header_end].split()[2])
+            yield path, data[header_end + 1: header_end + 1 + size]
+            offset = header_end + 2 + size
+
+    def remove_stale_locks(self) -> list[str]:
+        """Delete the lock files a killed git left (index.lock, a ref's .lock); only safe while no git runs here."""
+        if not self.git_dir.is_dir():
+            return []
+        stale = [path for path in self.git_dir.rglob("*.lock") if "objects" not in path.relative_to(self.git_dir).parts]
+        for path in stale:
+            path.unlink()
+        return [str(path.relative_to(self.git_dir)) for path in stale]
+
     def message(self, commit: str) -> str:
         return self.run("log", "-1", "--format=%B", commit)
 
