@@ -95,8 +95,10 @@ def port(to: Annotated[Optional[str], typer.Option("--to", help="the vLLM releas
          work: Annotated[Path, typer.Option(help="folder for port work areas")] = Path("build")) -> int:
     """Port the stack to another vLLM release with 3-way merges; resumable like `git am -3`."""
     action = porting.action_of(cont, skip, abort, report_only, write)
-    report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
-                          work_root=work)
+    root = work.absolute()
+    with applier.target_lock(root / porting.LOCK_DIR, root, "port"):
+        report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
+                              work_root=work)
     if as_json:
         print_json(report.to_json())
     porting.print_report(report, cli.console)
