@@ -475,7 +475,8 @@ def test_a_bare_diff_section_after_a_hunk_is_refused(cpu_package: Path, patch_ma
 def test_duplicate_fields_gitlinks_and_huge_patches_are_refused(tmp_path: Path) -> None:
     from rigstack.stack import MAX_PATCH_BYTES
 
-    diff = "---\ndiff --git a/vllm/x.py b/vllm/x.py\nnew file mode 100644\n--- /dev/null\n+++ b/vllm/x.py\n@@ -0,0 +1 @@\n+x\n"
+    diff = ("---\ndiff --git a/vllm/x.py b/vllm/x.py\nnew file mode 100644\n--- /dev/null\n+++ b/vllm/x.py\n"
+            "@@ -0,0 +1 @@\n+x\n")
     cases = {
         "0001-twice.patch": ("Subject: first\n" + HEADER + diff, "header field 'Subject' appears twice"),
         "0002-gitlink.patch": (HEADER + "---\ndiff --git a/vllm/sub b/vllm/sub\nnew file mode 160000\n"
