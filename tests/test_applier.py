@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -348,6 +350,26 @@ def test_a_killed_checkout_leaves_index_lock_and_the_next_run_recovers(cpu_packa
     assert any("recovered an interrupted apply" in note for note in result.notes)
     assert read_stamp(cpu_package).patch_ids == ("0001", "0002") and repo.dirty_files() == []
     assert not (repo.git_dir / "index.lock").exists()
+
+
+def test_kill_9_of_a_real_apply_inside_its_checkout_is_recovered(cpu_package: Path, two_patches: Path, pins,
+                                                                 patch_maker) -> None:
+    _apply(cpu_package, two_patches, pins)
+    patch_maker.write(two_patches, "0003-many.patch", {f"many/m{i}.py": f"X = {i}\n" for i in range(600)})
+    journal = state_dir_for(cpu_package) / applier.JOURNAL
+    run = subprocess.Popen([sys.executable, str(REPO_ROOT / "apply.py"), "apply", "--from", f"dir:{cpu_package}",
+                            "--patches", str(two_patches)], start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    index_lock = state_dir_for(cpu_package) / "git" / "index.lock"
+    while run.poll() is None and not (journal.exists() and index_lock.exists()):
+        time.sleep(0.0005)
+    os.killpg(run.pid, signal.SIGKILL)  # the run and its git mid-checkout, as a kill of the process group does
+    run.wait()
+    assert journal.exists() and index_lock.exists(), "the run ended before its checkout: make the patch bigger"
+    result = _apply(cpu_package, two_patches, pins)
+    assert any("recovered an interrupted apply" in note for note in result.notes)
+    assert read_stamp(cpu_package).patch_ids == ("0001", "0002", "0003")
+    assert PackageRepo(cpu_package).dirty_files() == [] and (cpu_package / "many" / "m599.py").is_file()
 
 
 def _hold_lock(state: Path, package: Path) -> subprocess.Popen:
