@@ -129,8 +129,10 @@ def port(to: Annotated[Optional[str], typer.Option("--to", help="the vLLM releas
     """Port the stack to another vLLM release with 3-way merges; resumable like `git am -3`."""
     try:
         action = porting.action_of(cont, skip, abort, report_only, write)
-        report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
-                              work_root=work)
+        root = work.absolute()
+        with applier.target_lock(root / porting.LOCK_DIR, root, "port"):
+            report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
+                                  work_root=work)
     except UserError as error:
         if as_json:  # JSON out in every outcome, refusals included
             print_json(porting.PortReport(None, None, error=str(error)).to_json())

@@ -7,11 +7,14 @@ the stack changes; a journal makes that last step recoverable if it is interrupt
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import re
 import shutil
 import tempfile
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -20,15 +23,16 @@ from pathlib import Path
 from rigstack import __version__
 from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, dir_files, first_difference,
                                image_files, match_flavour, pinned_wheel_files, tracked_entries)
-from rigstack.cache import cache_dir
+from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
-from rigstack.stack import SEPARATOR, Patch, Stack
+from rigstack.stack import SEPARATOR, Patch, Stack, stack_hash
 from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
 from rigstack.versions import FLAVOURS, Pins
 
 COMBINED_DIFF = "all-changes-vs-baseline.diff"
 JOURNAL = "applying.json"
+LOCK = "lock"
 TRAILER = "Rigstack-Patch: "
 # Statuses that let the stack go on; any other stops it before anything is written.
 GOOD = ("applied", "offset", "already-applied")
@@ -85,7 +89,19 @@ def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = Non
                 notes: tuple[str, ...] = ()) -> StackResult:
     """Bring the package of `source` to exactly `stack` (idempotent); with dry_run, only report what would happen."""
     package = package_for(source, out, pins)
+    state = state_dir_for(package)
+    if dry_run and not state.exists():
+        return _apply_locked(package, source, stack, pins, dry_run, notes)  # a fresh target: nothing to guard
+    _refuse_unwritable(package, source)
+    with target_lock(state, package), _disk_errors(package):
+        return _apply_locked(package, source, stack, pins, dry_run, notes)
+
+
+def _apply_locked(package: Path, source: Source, stack: Stack, pins: Pins, dry_run: bool,
+                  notes: tuple[str, ...]) -> StackResult:
     repo = PackageRepo(package)
+    if not dry_run:
+        notes = notes + _remove_leftovers(repo, source)
     if repo.exists and (read_stamp(package) is not None or (repo.git_dir.parent / JOURNAL).exists()):
         return _update(repo, source, stack, pins, dry_run, notes)
     if repo.exists and not dry_run:
@@ -105,32 +121,148 @@ def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = Non
         if not result.written and not dry_run:
             _forget(repo)
         return result
-    if package.parent.exists() and any(package.parent.iterdir()):
+    state = state_dir_for(package)
+    if package.parent.exists() and any(path != state for path in package.parent.iterdir()):
         raise UserError(f"{package.parent} exists and was not made by rigstack; remove it or pass another --out")
     return _first_apply_extracted(package, source, stack, pins, dry_run, notes)
 
 
+@contextmanager
+def target_lock(state: Path, target: Path, what: str = "apply") -> Iterator[None]:
+    """One apply (or port) at a time per target: an flock on a file in its state folder, holding the owner's pid.
+
+    The kernel drops an flock when its process dies, so a killed run never blocks the next one. Folders made only
+    to hold the lock are removed again when nothing else was put in them."""
+    missing = [folder for folder in (state, *state.parents) if not folder.exists()]
+    state.mkdir(parents=True, exist_ok=True)
+    path = state / LOCK
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise UserError(f"another {what} (pid {holder}) is working on {target}; wait for it to finish, "
+                            "then rerun") from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed the file after we opened it: take the lock on the new one
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        if [entry.name for entry in state.iterdir()] == [LOCK]:
+            path.unlink()
+            for folder in missing:
+                try:
+                    folder.rmdir()
+                except OSError:  # someone else's files arrived meanwhile
+                    break
+        os.close(fd)
+
+
+def _remove_leftovers(repo: PackageRepo, source: Source) -> tuple[str, ...]:
+    """What killed runs left (under the lock, so no other run is using it): git's lock files, staging folders."""
+    notes = []
+    stale = repo.remove_stale_locks()
+    if stale:
+        notes.append(f"removed git's {', '.join(stale)} left by a killed run")
+    if source.kind != "dir":
+        out = repo.package.parent
+        staged = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
+        for folder in staged:
+            shutil.rmtree(folder, ignore_errors=True)
+        if staged:
+            notes.append(f"removed {len(staged)} staging folder(s) that interrupted applies had left in {out.parent}")
+    return tuple(notes)
+
+
+def _refuse_unwritable(package: Path, source: Source) -> None:
+    """Name the read-only folder before any work: git's own failures there read like a patch problem."""
+    state = state_dir_for(package)
+    folder = state if state.exists() else next(path for path in (package.parent, *package.parents) if path.exists())
+    needed = [folder] + ([package] if source.kind == "dir" and package.is_dir() else [])
+    for path in needed:
+        if not os.access(path, os.W_OK):
+            raise UserError(f"{path} is not writable; make it writable or "
+                            f"{'copy the package somewhere writable' if source.kind == 'dir' else 'pass another --out'}"
+                            "; nothing was changed")
+
+
+@contextmanager
+def _disk_errors(package: Path) -> Iterator[None]:
+    """A full disk or a read-only file system met mid-way is one clear line, not a traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno == errno.ENOSPC:
+            raise UserError(f"no space left on the device of {package.parent} ({error.filename or 'writing'}); free "
+                            "some space and rerun: the next run finishes or undoes this one") from None
+        if error.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise UserError(f"{error.filename or package} is not writable ({error.strerror}); make it writable and "
+                            "rerun") from None
+        raise
+
+
 def _first_apply_extracted(package: Path, source: Source, stack: Stack, pins: Pins, dry_run: bool,
                            notes: tuple[str, ...]) -> StackResult:
-    """Wheel and image sources: build the whole tree in a scratch folder, then move it into place in one rename."""
+    """Wheel and image sources: build the whole tree in a scratch folder, then move it into place.
+
+    The git dir moves first and the package last, in one rename: a run killed in between leaves history without a
+    package, which the next run starts over from."""
     out = package.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    # A check writes nothing beside the target, so it stages in the temporary folder.
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=None if dry_run else out.parent))
     try:
         staged = staging / "vllm"
         binaries = None
         if not dry_run:
             staged.mkdir()
+            _refuse_small_disk(out, source, pins)
             binaries = BinaryWriter(staged, _binary_cache(source, pins))
         files = _source_files(source, pins, binaries or (lambda *args: None))
         repo = PackageRepo(staged, git_dir=state_dir_for(staged) / "git")
         result = _first_apply(repo, source, stack, pins, dry_run, notes, files, binaries)
         if result.written:
-            os.replace(staging, out)
+            state = state_dir_for(package)
+            for entry in sorted(state_dir_for(staged).iterdir(), key=lambda path: path.name != "git"):
+                os.replace(entry, state / entry.name)
+            os.replace(staged, package)
             result = _relocated(result, package)
         return result
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _refuse_small_disk(out: Path, source: Source, pins: Pins) -> None:
+    """A wheel's sizes are in its index: refuse before writing when the package and its history cannot fit."""
+    if source.kind != "wheel":
+        return
+    wheel = wheels_dir() / pins.wheel(source.flavour)[1]  # type: ignore[arg-type]
+    if not wheel.is_file():
+        return  # downloaded on the way; a full disk then is caught as ENOSPC
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            files = [info for info in archive.infolist() if info.filename.startswith("vllm/")]
+    except zipfile.BadZipFile:
+        return  # the sha256 check that follows names the damaged file
+    text = sum(info.file_size for info in files if not info.filename.endswith(".so"))
+    # The package, plus the baseline pack (uncompressed text) and the index.
+    needed = sum(info.file_size for info in files) + text + (8 << 20)
+    _check_free(out.parent, needed)
+
+
+def _check_free(folder: Path, needed: int) -> None:
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise UserError(f"{folder} has {free / 1e6:.0f} MB free but this apply needs {needed / 1e6:.0f} MB; free "
+                        f"{(needed - free) / 1e6:.0f} MB or pass another --out; nothing was changed")
 
 
 def _binary_cache(source: Source, pins: Pins) -> Path | None:
@@ -186,8 +318,12 @@ def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dr
 
 def _forget(repo: PackageRepo) -> None:
     """Remove the state a failed first apply created beside a package; the package itself was not touched."""
-    if not (repo.package / STAMP_NAME).exists() and not (repo.git_dir.parent / JOURNAL).exists():
-        shutil.rmtree(repo.git_dir.parent, ignore_errors=True)
+    state = repo.git_dir.parent
+    if (repo.package / STAMP_NAME).exists() or (state / JOURNAL).exists() or not state.is_dir():
+        return
+    for entry in state.iterdir():
+        if entry.name != LOCK:  # the lock stays held until the run ends (target_lock removes it)
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink()
 
 
 def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
@@ -206,19 +342,28 @@ def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run
     if stamp is None or head is None:
         raise UserError(f"{repo.package}: the stamp or the history in {repo.git_dir.parent} is missing; remove "
                         f"{repo.git_dir.parent} and reapply")
-    applied = _applied_patches(repo, stamp.baseline_commit, head)
-    if stamp.stack_hash == stack.stack_hash and stamp.head_commit == head and len(applied) == len(stack.patches):
-        return StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
-                           stack.stack_hash, tuple(PatchResult(p.id, p.file, p.status) for p in stamp.patches),
-                           notes + ("already applied: the stamp matches this stack; nothing to do",),
-                           dry_run=dry_run)
+    baseline = repo.root(head)
+    applied = _applied_patches(repo, baseline, head)
+    wrong = _stamp_disagreement(repo, stamp, baseline, head, applied, pins)
+    if wrong:
+        # The history is the record; the stamp is derived from it, so a stamp that was edited is rebuilt, not trusted.
+        stamp = _stamp_from_history(repo, baseline, head, applied, pins, stamp.flavour)
+        notes = notes + (f"the stamp disagreed with the package's git history ({wrong}); "
+                         f"{'would rewrite' if dry_run else 'rewrote'} it from the history",)
     keep = 0
-    for (commit, file, sha256, status), patch in zip(applied, stack.patches):
-        if (file, sha256) != (patch.file, patch.sha256):
+    for (_, done), patch in zip(applied, stack.patches):
+        if (done.file, done.sha256) != (patch.file, patch.sha256):
             break
         keep += 1
-    start = applied[keep - 1][0] if keep else stamp.baseline_commit
-    kept = [PatchResult(patch.id, patch.file, status) for (_, _, _, status), patch in zip(applied, stack.patches[:keep])]
+    if keep == len(applied) == len(stack.patches):
+        if wrong and not dry_run:
+            write_stamp(repo.package, stamp)
+        return StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
+                           stack.stack_hash, tuple(PatchResult(p.id, p.file, p.status) for p in stamp.patches),
+                           notes + ("already applied: the package's history holds this stack; nothing to do",),
+                           dry_run=dry_run)
+    start = applied[keep - 1][0] if keep else baseline
+    kept = [PatchResult(patch.id, patch.file, done.status) for (_, done), patch in zip(applied, stack.patches[:keep])]
     with _scratch_git(repo, dry_run, reuse=True) as work:
         results, final, error = commit_series(work, start, stack.patches[keep:])
         notes = notes + (f"kept {keep} applied patch(es); replayed {len(stack.patches) - keep} on top",)
@@ -226,8 +371,35 @@ def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run
                              stack.stack_hash, tuple(kept + results), notes, error, dry_run=dry_run)
         if error or dry_run:
             return result
-        _checkout(work, head, final, _stamp_for(work, result, stamp.baseline_commit, final, kept + results, stack))
+        _checkout(work, head, final, _stamp_for(work, result, baseline, final, kept + results, stack))
         return _finish(result, work)
+
+
+def _stamp_disagreement(repo: PackageRepo, stamp: Stamp, baseline: str, head: str,
+                        applied: list[tuple[str, StampedPatch]], pins: Pins | None) -> str | None:
+    """The first stamp field the package's git history (or, with pins, the pinned fingerprint) contradicts."""
+    patches = tuple(done for _, done in applied)
+    expected = {"head_commit": head, "baseline_commit": baseline, "patches": patches,
+                "stack_hash": stack_hash(patches), "vllm_version": _version_of(repo, baseline)}
+    wrong = next((name for name, value in expected.items() if getattr(stamp, name) != value), None)
+    pinned = pins.fingerprint(stamp.flavour) if pins and stamp.flavour in FLAVOURS else None
+    if wrong is None and pinned and pinned != stamp.baseline_fingerprint:
+        wrong = "baseline_fingerprint"
+    return wrong
+
+
+def _stamp_from_history(repo: PackageRepo, baseline: str, head: str, applied: list[tuple[str, StampedPatch]],
+                        pins: Pins, flavour: str) -> Stamp:
+    """Every field of a stamp read back from git: the baseline's files, its commit message, the patch commits."""
+    printer = Fingerprint()
+    for path, data in repo.file_blobs(baseline, ".py"):
+        printer.add(path, data)
+    patches = tuple(done for _, done in applied)
+    label = repo.message(baseline).removeprefix("baseline: ").strip()
+    return Stamp(tool_version=__version__, vllm_version=_version_of(repo, baseline),
+                 flavour=match_flavour(printer.value, pins) or flavour, source=label,
+                 baseline_fingerprint=printer.value, baseline_commit=baseline, head_commit=head,
+                 stack_hash=stack_hash(patches), patches=patches)
 
 
 def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
@@ -261,7 +433,7 @@ def commit_series(repo: PackageRepo, start: str,
             tree = repo.write_tree(index)
             parent = repo.commit_tree(tree, parent, commit_message(patch, result.status))
         _refuse_symlinked_paths(repo, start, parent)
-        broken = _compile_errors(repo, parent, patches)
+        broken = _compile_errors(repo, start, parent, patches)
         if broken:
             patch_id, message = broken
             results = [PatchResult(r.id, r.file, "compile-error", message) if r.id == patch_id else r
@@ -363,20 +535,21 @@ def _refuse_symlinked_paths(repo: PackageRepo, old: str, new: str) -> None:
                             "remove the link or the patch")
 
 
-def _compile_errors(repo: PackageRepo, commit: str, patches) -> tuple[str, str] | None:  # noqa: ANN001
-    """Compile every Python file the stack touched, from git, before any of it reaches the work tree."""
-    for patch in patches:
-        for path in patch.touched_files:
-            if not path.endswith(".py"):
-                continue
-            try:
-                source = repo.run("cat-file", "blob", f"{commit}:{path}", check=False)
-            except Exception:  # noqa: BLE001 - a file the stack deleted has nothing to compile
-                continue
-            try:
-                compile(source, f"vllm/{path}", "exec")
-            except SyntaxError as error:
-                return patch.id, f"vllm/{path} line {error.lineno} does not compile ({error.msg})"
+def _compile_errors(repo: PackageRepo, start: str, commit: str,
+                    patches: tuple[Patch, ...] | list[Patch]) -> tuple[str, str] | None:
+    """Compile every Python file git changed between start and commit, before any of it reaches the work tree.
+
+    The list comes from git, not from the patch parser: whatever git applied is checked, even a file the parser
+    did not see."""
+    for path in repo.changed_files(start, commit):
+        if not path.endswith(".py"):
+            continue
+        # Blame the last patch that names the file; git's list and the parser's agree for every accepted patch.
+        owner = next((patch for patch in reversed(patches) if path in patch.touched_files), patches[-1])
+        try:
+            compile(repo.run("cat-file", "blob", f"{commit}:{path}"), f"vllm/{path}", "exec")
+        except SyntaxError as error:
+            return owner.id, f"vllm/{path} line {error.lineno} does not compile ({error.msg})"
     return None
 
 
@@ -392,13 +565,15 @@ def _trailers(message: str) -> dict[str, str]:
     return {key: value for key, _, value in (line.partition(": ") for line in lines)}
 
 
-def _applied_patches(repo: PackageRepo, baseline: str, head: str) -> list[tuple[str, str, str, str]]:
-    """(commit, patch file, sha256, status) for each patch commit on the package's history."""
+def _applied_patches(repo: PackageRepo, baseline: str, head: str) -> list[tuple[str, StampedPatch]]:
+    """(commit, what it applied) for each patch commit on the package's history, from the commits' trailers."""
     entries = []
     for commit, message in repo.log(baseline, head):
         trailer = _trailers(message)
-        entries.append((commit, trailer.get("Rigstack-Patch", ""), trailer.get("Rigstack-Sha256", ""),
-                        trailer.get("Rigstack-Status", "applied")))
+        file = trailer.get("Rigstack-Patch", "")
+        entries.append((commit, StampedPatch(id=trailer.get("Rigstack-Id", file[:4]), file=file,
+                                             sha256=trailer.get("Rigstack-Sha256", ""),
+                                             status=trailer.get("Rigstack-Status", "applied"))))
     return entries
 
 
@@ -435,11 +610,18 @@ def _version_of(repo: PackageRepo, commit: str) -> str:
 
 def _checkout(repo: PackageRepo, old: str, new: str, stamp: Stamp) -> None:
     """The one step that writes the package; a journal beside it lets the next run finish an interrupted one."""
+    changed = repo.changed_files(old, new)
+    # What the checkout writes, plus room for the index it rewrites and the stamp.
+    _check_free(repo.package, repo.blob_sizes(new, changed) + 2 * _size(repo.git_dir / "index") + (1 << 20))
     journal = repo.git_dir.parent / JOURNAL
     journal.write_text(json.dumps({"target": new, "stamp": stamp.to_dict()}))
     repo.checkout(old, new)
     write_stamp(repo.package, stamp)
     journal.unlink()
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.is_file() else 0
 
 
 def _recover(repo: PackageRepo) -> tuple[str, ...]:
@@ -487,11 +669,15 @@ def status(package: Path) -> dict:
     """What is applied to a package, from its stamp and its git history."""
     repo, stamp = _patched_repo(package)
     head = repo.rev("HEAD")
-    commits = {file: commit for commit, file, _, _ in _applied_patches(repo, stamp.baseline_commit, head or "")}
+    baseline = repo.root(head) if head else ""
+    applied = _applied_patches(repo, baseline, head) if head else []
+    commits = {done.file: commit for commit, done in applied}
+    wrong = _stamp_disagreement(repo, stamp, baseline, head, applied, None) if head else "head_commit"
     return {
         "package": str(package), "vllm_version": stamp.vllm_version, "flavour": stamp.flavour,
         "source": stamp.source, "stack_hash": stamp.stack_hash, "baseline_fingerprint": stamp.baseline_fingerprint,
-        "stamp_matches_history": head == stamp.head_commit,
+        "stamp_matches_history": wrong is None,
+        "stamp_disagrees_on": wrong,
         "dirty_files": repo.dirty_files(),
         "patches": [{"id": p.id, "file": p.file, "status": p.status, "commit": commits.get(p.file, "")}
                     for p in stamp.patches],

@@ -313,7 +313,7 @@ class BinaryWriter:
     """Lays binary members into the package while text files stream into git.
 
     Compiled objects are most of a wheel's bytes and never change, so each is decompressed once per wheel into the
-    cache (on worker threads) and hard-linked from there; a later --out costs no decompression at all."""
+    cache (on worker threads) and copied from there; a later --out costs no decompression at all."""
 
     def __init__(self, target: Path, cache: Path | None, workers: int = 2) -> None:
         self._target = target
@@ -334,13 +334,13 @@ class BinaryWriter:
         if not cached.is_file():
             cached.parent.mkdir(parents=True, exist_ok=True)
             partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-            # Read-only, so a write through a hard link cannot corrupt the cache for every other package.
+            # Read-only: the cache is shared by every apply of this wheel.
             _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
             os.replace(partial, cached)
-        try:
-            os.link(cached, destination)
-        except OSError:  # another file system: copy instead
-            shutil.copy2(cached, destination)
+        # A copy, never a hard link: a write into one package's compiled object must not reach the cache, every
+        # other package made from it and every later apply. copyfile lets the kernel copy (copy_file_range).
+        shutil.copyfile(cached, destination)
+        destination.chmod(mode & 0o777)
 
     def wait(self) -> None:
         try:

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -77,7 +78,7 @@ class PackageRepo:
         except git.GitCommandError as error:
             if not check:
                 raise
-            raise UserError(f"git {args[0]} failed in {self.package}: {_first_error(error)}") from None
+            raise self._failure(args[0], _text(error.stderr)) from None
 
     def init(self) -> None:
         self.git_dir.mkdir(parents=True, exist_ok=True)
@@ -105,16 +106,28 @@ class PackageRepo:
         try:
             yield stream
             stream.write(b"done\n")
+            process.proc.stdin.close()
+        except BrokenPipeError:
+            # git stopped reading: its own stderr says why (a full disk, most often).
+            process.proc.wait()
+            raise self._failure("fast-import", process.proc.stderr.read().decode(errors="replace")) from None
         except BaseException:
             # The producer failed (a bad wheel, no network, Ctrl-C): its error is the one to report, not git's
             # "stream ends early".
             process.proc.kill()
             process.proc.wait()
             raise
-        process.proc.stdin.close()
         stderr = process.proc.stderr.read().decode(errors="replace")
         if process.proc.wait() != 0:
-            raise UserError(f"git fast-import failed in {self.git_dir}: {stderr.strip()[:300]}")
+            raise self._failure("fast-import", stderr)
+
+    def _failure(self, command: str, stderr: str) -> UserError:
+        lines = [line.strip() for line in stderr.splitlines() if line.strip()]
+        if any(sign in line for line in lines for sign in ("No space left on device", "Out of diskspace")):
+            return UserError(f"no space left on the device of {self.git_dir} (git {command}); free some space and "
+                             "rerun: the next run finishes or undoes this one")
+        first = next((line for line in lines if "error" in line or "fatal" in line), lines[0] if lines else "")
+        return UserError(f"git {command} failed in {self.package}: {first[:300] or 'no message'}")
 
     def rev(self, ref: str) -> str | None:
         try:
@@ -176,6 +189,42 @@ class PackageRepo:
         out = self.run("log", "--reverse", "--format=%H%x00%B%x01", f"{old}..{new}")
         entries = [chunk.strip("\n") for chunk in out.split("\x01") if chunk.strip("\n")]
         return [tuple(entry.split("\0", 1)) for entry in entries]  # type: ignore[misc]
+
+    def root(self, commit: str) -> str:
+        """The first commit of the history that leads to `commit` (the baseline)."""
+        return self.run("rev-list", "--max-parents=0", commit).split()[-1]
+
+    def blob_sizes(self, commit: str, paths: list[str]) -> int:
+        """Total bytes of those files at `commit`: what a checkout of them writes."""
+        if not paths:
+            return 0
+        out = self.run("ls-tree", "-l", "-z", commit, "--", *paths)
+        return sum(int(size) for entry in out.split("\0") if entry
+                   for size in [entry.split(None, 4)[3]] if size.isdigit())
+
+    def file_blobs(self, commit: str, suffix: str) -> Iterator[tuple[str, bytes]]:
+        """(path, content) of every file at `commit` whose name ends with `suffix`, read in one cat-file process."""
+        listing = self.run("ls-tree", "-r", "-z", "--full-tree", commit)
+        entries = [(line.split("\t", 1)[1], line.split()[2]) for line in listing.split("\0") if line]
+        wanted = [(path, blob) for path, blob in entries if path.endswith(suffix)]
+        data = self._git.execute(["git", "cat-file", "--batch"], env=self._env, strip_newline_in_stdout=False,
+                                 istream=_bytes_stream("".join(f"{blob}\n" for _, blob in wanted).encode()),
+                                 as_process=False, stdout_as_string=False)
+        offset = 0
+        for path, _ in wanted:
+            header_end = data.index(b"\n", offset)
+            size = int(data[offset:header_end].split()[2])
+            yield path, data[header_end + 1: header_end + 1 + size]
+            offset = header_end + 2 + size
+
+    def remove_stale_locks(self) -> list[str]:
+        """Delete the lock files a killed git left (index.lock, a ref's .lock); only safe while no git runs here."""
+        if not self.git_dir.is_dir():
+            return []
+        stale = [path for path in self.git_dir.rglob("*.lock") if "objects" not in path.relative_to(self.git_dir).parts]
+        for path in stale:
+            path.unlink()
+        return [str(path.relative_to(self.git_dir)) for path in stale]
 
     def message(self, commit: str) -> str:
         return self.run("log", "-1", "--format=%B", commit)
@@ -264,11 +313,23 @@ def checkout_revision(root: Path) -> tuple[str, str]:
     """A git checkout's origin URL and commit (with -dirty when it has changes), for provenance labels."""
     try:
         repo = git.Repo(root)
-        source = next((remote.url for remote in repo.remotes if remote.name == "origin"), f"file://{root}")
+        source = next((redact_url(remote.url) for remote in repo.remotes if remote.name == "origin"),
+                      f"file://{root}")
         revision = repo.head.commit.hexsha + ("-dirty" if repo.is_dirty() else "")
     except (git.InvalidGitRepositoryError, git.NoSuchPathError, ValueError):
         return f"file://{root}", "unknown"
     return source, revision
+
+
+def redact_url(url: str) -> str:
+    """A remote URL without its credentials (https://TOKEN@host/x, https://user:pw@host/x, TOKEN@host:x), which
+    must not end up in labels or results."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme and parts.netloc:
+        host = parts.netloc.rpartition("@")[2]
+        return urllib.parse.urlunsplit(parts._replace(netloc=host, query="", fragment=""))
+    user, at, rest = url.partition("@")  # scp-like user@host:path
+    return rest if at and ":" in rest and "/" not in user else url
 
 
 class _FastImport:
@@ -300,8 +361,3 @@ def _text(value: object) -> str:
     text = value.decode(errors="replace") if isinstance(value, bytes) else str(value or "")
     # GitPython wraps stderr as "  stderr: '...'"; keep git's own words.
     return text.strip().removeprefix("stderr: ").strip("'")
-
-
-def _first_error(error: git.GitCommandError) -> str:
-    lines = [line.strip() for line in _text(error.stderr).splitlines() if line.strip()]
-    return next((line for line in lines if "error" in line or "fatal" in line), lines[0] if lines else str(error))

@@ -8,11 +8,13 @@ CLI: `python -m rigstack.images build --profile NAME | --all`, `verify-image IMA
 from __future__ import annotations
 
 import datetime
+import errno
 import hashlib
 import io
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -240,12 +242,36 @@ def _make_context(context: Path, package: Path, laid: list[str], manifest: dict,
     for path in laid:
         target = context / "package" / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(package / path, target)
+        data, mode = _laid_file(package, path)
+        target.write_bytes(data)
+        target.chmod(mode)
     _copy_tool(context / "rigstack", patches_dir)
     (context / "rigstack" / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     # Modes from the context become the image's: readable by any user the container runs as, whatever the umask.
     for path in context.rglob("*"):
         path.chmod(0o755 if path.is_dir() or path.stat().st_mode & 0o111 else 0o644)
+
+
+def _laid_file(package: Path, path: str) -> tuple[bytes, int]:
+    """A file the stack laid, read without following any link: a link in the package would otherwise put a host
+    file (/etc/passwd, a key) into the build context and the image."""
+    root = package.absolute()
+    for folder in (root / path).relative_to(root).parents:
+        if (root / folder).is_symlink():
+            raise UserError(f"{root / folder} is a symlink; an image is built only from the package's own files: "
+                            "remove the link and reapply")
+    try:
+        fd = os.open(root / path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UserError(f"{root / path} is a symlink; an image is built only from the package's own files: "
+                            "remove the link and reapply") from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise UserError(f"{root / path} is not a regular file; remove it and reapply")
+        return handle.read(), stat.S_IMODE(info.st_mode)
 
 
 def _context_digest(context: Path) -> str:

@@ -50,6 +50,7 @@ from rigstack.stamp import Stamp, StampedPatch, write_stamp
 from rigstack.versions import VERSIONS_FILE, Pins, update_pins
 
 STATE = "port.json"
+LOCK_DIR = ".port.rigstack"  # holds apply.py's lock: one port at a time per work folder
 PORTED = "ported-patches"
 OLD_BASELINE = "refs/port/old-baseline"
 OLD_STACK = "refs/port/old-stack"

@@ -24,6 +24,17 @@ UNFILLED = "unknown (imported"
 _ENV_VAR = re.compile(r"\b([A-Z][A-Z0-9_]*[A-Z0-9])=")
 _DIFF_GIT = re.compile(r"^diff --git a/(\S+) b/(\S+)$")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@")
+_HUNK_COUNTS = re.compile(r"@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
+# Extended header lines, matched whole: a mode with trailing blanks is still that mode to git, so it must not
+# slip past a looser test.
+_MODE_LINE = re.compile(r"(old mode|new mode|deleted file mode|new file mode) (.*)")
+_INDEX_LINE = re.compile(r"index [0-9a-f]+\.\.[0-9a-f]+(?: (.*))?")
+_SIMILARITY = re.compile(r"(similarity|dissimilarity) index \d+%")
+_FILE_MODES = ("100644", "100755")
+_SPECIAL_MODES = {"120000": "creates or changes a symlink; symlinks are refused",
+                  "160000": "creates or changes a gitlink (a submodule); gitlinks are refused"}
+# The stack's largest patch is 31 kB; a 50 MB one took 1.8 GB of RAM in git. Refused before it is read.
+MAX_PATCH_BYTES = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,10 @@ def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
 
 
 def parse_patch(path: Path) -> Patch:
+    size = path.stat().st_size
+    if size > MAX_PATCH_BYTES:
+        raise UserError(f"{path}: {size / 1e6:.1f} MB is over the {MAX_PATCH_BYTES >> 20} MB limit for one patch; "
+                        "split it into smaller patches")
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -210,6 +225,8 @@ def _parse_header(path: Path, text: str) -> PatchHeader:
         if name not in _REQUIRED + _OPTIONAL:
             raise UserError(f"{path}: unknown header field {key!r}; known: "
                             f"{', '.join(k.capitalize() for k in _REQUIRED + _OPTIONAL)}")
+        if name in fields:
+            raise UserError(f"{path}: header field {key!r} appears twice; keep one")
         # Continuation lines keep their breaks; collapse them to the single-spaced value the field means.
         fields[name] = " ".join(value.split())
     missing = [name.capitalize() for name in _REQUIRED if not fields.get(name)]
@@ -223,33 +240,71 @@ def _package_relative(diff_path: str) -> str:
 
 
 def _check_diff(path: Path, diff: str) -> tuple[str, ...]:
-    """The package-relative files a diff touches; refuses anything that could write outside the package."""
+    """The package-relative files a diff touches; refuses anything that could write outside the package.
+
+    Read the way git apply reads it: each hunk's line counts say where it ends, so any text after a hunk that is not
+    another hunk or `diff --git` section (a bare ---/+++ section, say, which git would apply too) is refused."""
     touched: list[str] = []
-    in_header = False  # between 'diff --git' and the first hunk, where the path lines live
-    for number, line in enumerate(diff.splitlines(), start=1):
-        if line.startswith("diff --git "):
+    section = False  # inside a `diff --git` section
+    in_header = False  # between 'diff --git' and the first hunk, where the path and mode lines live
+    old_left = new_left = 0  # lines the current hunk still has on each side
+    lines = diff.split("\n")  # git splits on \n only: a \r stays part of the line it ends
+    for number, line in enumerate(lines, start=1):
+        if old_left > 0 or new_left > 0:
+            mark = line[:1]
+            if mark not in (" ", "-", "+", "\\", ""):
+                raise UserError(f"{path}: diff line {number} ends a hunk early (its @@ line counts more lines); "
+                                "regenerate the patch with `apply.py export`")
+            old_left -= mark in (" ", "-", "")  # an empty line is an empty context line to git
+            new_left -= mark in (" ", "+", "")
+        elif line.startswith("diff --git "):
             match = _DIFF_GIT.match(line)
             if not match:
                 raise UserError(f"{path}: unreadable diff line {line!r}; regenerate the patch with `apply.py export`")
             for name in match.groups():
                 _check_path(path, name, number)
             touched.append(_package_relative(match.group(2)))
-            in_header = True
-        elif line.startswith("@@ "):
+            section = in_header = True
+        elif section and line.startswith("@@ "):
+            counts = _HUNK_COUNTS.match(line)
+            if not counts:
+                raise UserError(f"{path}: unreadable hunk line {number} {line[:60]!r}; regenerate the patch")
+            old_left, new_left = (int(count) if count is not None else 1 for count in counts.groups())
             in_header = False
-        elif not in_header:
-            continue
-        elif line.startswith(("--- ", "+++ ")) and not line.endswith("/dev/null"):
-            _check_path(path, line[4:].split("\t")[0][2:], number)
-        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-            _check_path(path, line.split(" ", 2)[2], number)
-        elif line.endswith(" 120000"):
-            raise UserError(f"{path}: diff line {number} creates or changes a symlink; symlinks are refused")
-        elif line.startswith("GIT binary patch") or line.startswith("Binary files "):
-            raise UserError(f"{path}: diff line {number} is a binary patch; binary patches are refused")
+        elif in_header:
+            _check_header_line(path, line, number)
+        elif line.startswith("\\") or (not line and number == len(lines)):
+            continue  # "\ No newline at end of file", or the end of the text
+        else:
+            raise UserError(f"{path}: diff line {number} {line[:60]!r} is outside any `diff --git` section (git "
+                            "would read a ---/+++ pair there as one more file); regenerate the patch with "
+                            "`apply.py export`")
     if not touched:
         raise UserError(f"{path}: the diff touches no file")
     return tuple(dict.fromkeys(touched))
+
+
+def _check_header_line(path: Path, line: str, number: int) -> None:
+    """One extended header line of a `diff --git` section, parsed strictly: only regular files, only known lines."""
+    mode = _MODE_LINE.fullmatch(line)
+    index = _INDEX_LINE.fullmatch(line)
+    if mode or (index and index.group(1) is not None):
+        value = mode.group(2) if mode else index.group(1)  # type: ignore[union-attr]
+        if value not in _FILE_MODES:
+            why = _SPECIAL_MODES.get(value.strip(), f"has mode {value!r}; only regular files (100644, 100755) may be "
+                                                     "patched")
+            raise UserError(f"{path}: diff line {number} {why}")
+    elif line.startswith(("--- ", "+++ ")):
+        name = line[4:].split("\t")[0]
+        if name != "/dev/null":
+            _check_path(path, name[2:], number)
+    elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+        _check_path(path, line.split(" ", 2)[2], number)
+    elif line.startswith(("GIT binary patch", "Binary files ")):
+        raise UserError(f"{path}: diff line {number} is a binary patch; binary patches are refused")
+    elif not (index or _SIMILARITY.fullmatch(line)):
+        raise UserError(f"{path}: diff line {number} {line[:60]!r} is not a git diff header line; regenerate the "
+                        "patch with `apply.py export`")
 
 
 def _check_path(path: Path, name: str, number: int) -> None:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import signal
 import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -14,6 +21,8 @@ from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import load_stack
 from rigstack.stamp import read_stamp
+from rigstack.versions import REPO_ROOT
+from tests.test_apply_cli import one_line_error, run_apply
 
 PARSER = "parser/glm47_moe.py"
 SCHED = "v1/core/sched/scheduler.py"
@@ -294,3 +303,257 @@ def test_revert_pairs(cpu_package: Path, patch_maker, tmp_path: Path, pins) -> N
     result = _apply(cpu_package, folder, pins)
     assert [p.status for p in result.patches] == ["applied", "applied"]
     assert fingerprint(cpu_package) == pins.vllm_fingerprint_cpu  # the pair cancels out
+
+
+# --- hardening (issue 11): each test below failed on the code before its fix --------------------------------------
+
+HEADER = "Subject: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n"
+
+
+@contextmanager
+def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
+    """A small file system of its own (a full disk, a read-only mount); mounting needs root, as in CI."""
+    folder.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                             capture_output=True, text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def _remount_read_only(folder: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
+
+
+def test_a_killed_checkout_leaves_index_lock_and_the_next_run_recovers(cpu_package: Path, two_patches: Path, pins,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    _apply(cpu_package, two_patches, pins, until="0001")
+    repo = PackageRepo(cpu_package)
+
+    def killed(self: PackageRepo, old: str, new: str) -> None:
+        # kill -9 inside `git read-tree -u`: git has taken index.lock and written some files, never the index.
+        (self.git_dir / "index.lock").write_bytes(b"")
+        subprocess.run(["git", "--git-dir", str(self.git_dir), "--work-tree", str(self.package), "checkout", new,
+                        "--", "rigstack_added.py"], check=False, capture_output=True)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(PackageRepo, "checkout", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _apply(cpu_package, two_patches, pins)
+    monkeypatch.undo()
+    assert (repo.git_dir / "index.lock").exists()
+    result = _apply(cpu_package, two_patches, pins)
+    assert any("index.lock" in note for note in result.notes)
+    assert any("recovered an interrupted apply" in note for note in result.notes)
+    assert read_stamp(cpu_package).patch_ids == ("0001", "0002") and repo.dirty_files() == []
+    assert not (repo.git_dir / "index.lock").exists()
+
+
+def test_kill_9_of_a_real_apply_inside_its_checkout_is_recovered(cpu_package: Path, two_patches: Path, pins,
+                                                                 patch_maker) -> None:
+    _apply(cpu_package, two_patches, pins)
+    patch_maker.write(two_patches, "0003-many.patch", {f"many/m{i}.py": f"X = {i}\n" for i in range(600)})
+    journal = state_dir_for(cpu_package) / applier.JOURNAL
+    run = subprocess.Popen([sys.executable, str(REPO_ROOT / "apply.py"), "apply", "--from", f"dir:{cpu_package}",
+                            "--patches", str(two_patches)], start_new_session=True, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    index_lock = state_dir_for(cpu_package) / "git" / "index.lock"
+    while run.poll() is None and not (journal.exists() and index_lock.exists()):
+        time.sleep(0.0005)
+    os.killpg(run.pid, signal.SIGKILL)  # the run and its git mid-checkout, as a kill of the process group does
+    run.wait()
+    assert journal.exists() and index_lock.exists(), "the run ended before its checkout: make the patch bigger"
+    result = _apply(cpu_package, two_patches, pins)
+    assert any("recovered an interrupted apply" in note for note in result.notes)
+    assert read_stamp(cpu_package).patch_ids == ("0001", "0002", "0003")
+    assert PackageRepo(cpu_package).dirty_files() == [] and (cpu_package / "many" / "m599.py").is_file()
+
+
+def _hold_lock(state: Path, package: Path) -> subprocess.Popen:
+    """Another process holding the target's lock, as a second apply running at the same time would."""
+    code = ("import sys, time; from pathlib import Path; from rigstack.applier import target_lock\n"
+            "with target_lock(Path(sys.argv[1]), Path(sys.argv[2])):\n"
+            "    print('held', flush=True); time.sleep(120)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(state), str(package)], stdout=subprocess.PIPE,
+                              text=True, cwd=REPO_ROOT)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_second_apply_on_one_target_is_refused_and_a_dead_holder_does_not_block(cpu_package: Path,
+                                                                                  two_patches: Path, pins) -> None:
+    state = state_dir_for(cpu_package)
+    holder = _hold_lock(state, cpu_package)
+    try:
+        before = _tree_state(cpu_package)
+        with pytest.raises(UserError, match=rf"another apply \(pid {holder.pid}\) is working on {cpu_package}"):
+            _apply(cpu_package, two_patches, pins)
+        assert _tree_state(cpu_package) == before
+    finally:
+        holder.kill()  # kill -9: no chance to unlock or to remove the file, which still holds its pid
+        holder.wait()
+    assert (state / applier.LOCK).read_text().strip() == str(holder.pid)
+    result = _apply(cpu_package, two_patches, pins)
+    assert result.written and (state / applier.LOCK).read_text().strip() == str(os.getpid())
+
+
+def test_a_second_port_in_one_work_folder_is_refused(tmp_path: Path) -> None:
+    from rigstack.port import LOCK_DIR
+
+    holder = _hold_lock(tmp_path / LOCK_DIR, tmp_path)
+    try:
+        port = subprocess.run([sys.executable, str(REPO_ROOT / "apply.py"), "port", "--to", "0.33.0", "--work",
+                               str(tmp_path)], capture_output=True, text=True, cwd=REPO_ROOT)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert port.returncode == 1 and f"another port (pid {holder.pid}) is working on {tmp_path}" in port.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == [LOCK_DIR]  # nothing else was started
+
+
+def test_wheel_apply_removes_stale_staging_and_keeps_compiled_objects_private(tmp_path: Path, pins) -> None:
+    from rigstack.baseline import Source
+
+    out = tmp_path / "out"
+    stale = tmp_path / ".out.tmp-killed1" / "vllm"  # what an apply killed while staging leaves
+    stale.mkdir(parents=True)
+    (stale / "big.bin").write_bytes(b"x" * 1000)
+    stack = load_stack(REPO_ROOT / "patches").select(until="0000")[0]
+    result = applier.apply_stack(Source("wheel", flavour="cpu"), stack, pins, out=out)
+    assert result.written and not (tmp_path / ".out.tmp-killed1").exists()
+    assert any("staging folder" in note for note in result.notes)
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+    cached = applier._binary_cache(Source("wheel", flavour="cpu"), pins)
+    compiled = sorted((out / "vllm").rglob("*.so"))
+    assert compiled
+    for path in compiled:
+        original = cached / path.relative_to(out / "vllm")
+        assert not path.samefile(original) and path.stat().st_nlink == 1
+    target = out / "vllm" / compiled[0].relative_to(out / "vllm")
+    before = (cached / compiled[0].relative_to(out / "vllm")).read_bytes()
+    with target.open("r+b") as handle:  # what root can do whatever the mode says
+        handle.write(b"CORRUPT")
+    assert (cached / compiled[0].relative_to(out / "vllm")).read_bytes() == before
+
+
+def test_an_edited_stamp_is_not_taken_as_applied(cpu_package: Path, two_patches: Path, pins, patch_maker) -> None:
+    _apply(cpu_package, two_patches, pins)
+    (two_patches / "0002-sched-note.patch").unlink()
+    patch_maker.write(two_patches, "0002-other.patch", {"other.py": "W = 1\n"})
+    path = cpu_package / "rigstack_stamp.json"
+    stamp = json.loads(path.read_text())
+    stamp["stack_hash"] = load_stack(two_patches).stack_hash  # claims the new stack
+    path.write_text(json.dumps(stamp))
+    assert applier.status(cpu_package)["stamp_disagrees_on"] == "stack_hash"
+    result = _apply(cpu_package, two_patches, pins)
+    assert result.written and any("stamp disagreed" in note for note in result.notes)
+    assert (cpu_package / "other.py").is_file() and not (cpu_package / "rigstack_added.py").exists()
+    assert applier.status(cpu_package)["stamp_matches_history"]
+    # An edited stamp on a package whose history does hold the stack is rebuilt from that history.
+    stamp = json.loads(path.read_text())
+    good = read_stamp(cpu_package)
+    stamp["patches"][1]["status"], stamp["baseline_fingerprint"] = "offset", "sha256:" + "0" * 64
+    path.write_text(json.dumps(stamp))
+    again = _apply(cpu_package, two_patches, pins)
+    assert any("stamp disagreed" in note for note in again.notes) and not again.written
+    assert read_stamp(cpu_package) == good
+
+
+@pytest.mark.parametrize("mode_line, message", [
+    ("new file mode 120000 ", "symlinks are refused"),
+    ("new file mode 120000\t", "symlinks are refused"),
+    ("new file mode 120000\r", "symlinks are refused"),
+    ("new file mode 160000", "gitlinks are refused"),
+    ("new file mode 100666", "only regular files"),
+])
+def test_mode_lines_are_read_strictly(tmp_path: Path, mode_line: str, message: str) -> None:
+    folder = tmp_path / "patches"
+    folder.mkdir()
+    (folder / "0001-link.patch").write_text(
+        HEADER + "---\ndiff --git a/vllm/evil_link b/vllm/evil_link\n" + mode_line + "\n"
+        "index 0000000..4b2d2d3\n--- /dev/null\n+++ b/vllm/evil_link\n@@ -0,0 +1 @@\n+/etc/passwd\n"
+        "\\ No newline at end of file\n", newline="")
+    with pytest.raises(UserError, match=message):
+        load_stack(folder)
+
+
+def test_a_bare_diff_section_after_a_hunk_is_refused(cpu_package: Path, patch_maker, tmp_path: Path, pins) -> None:
+    folder = tmp_path / "patches"
+    patch = patch_maker.write(folder, "0001-note.patch", patch_maker.edit(PARSER, "import json\n",
+                                                                          "import json\n# note\n"))
+    logger = patch_maker.read("logger.py").splitlines()[0]
+    # git apply reads a ---/+++ pair after a hunk as one more file to patch; the stack's checks did not.
+    patch.write_text(patch.read_text() + f"--- a/vllm/logger.py\n+++ b/vllm/logger.py\n@@ -1 +1 @@\n-{logger}\n"
+                     "+def broken(:\n")
+    before = _tree_state(cpu_package)
+    with pytest.raises(UserError, match="outside any `diff --git` section"):
+        _apply(cpu_package, folder, pins)
+    assert _tree_state(cpu_package) == before
+
+
+def test_duplicate_fields_gitlinks_and_huge_patches_are_refused(tmp_path: Path) -> None:
+    from rigstack.stack import MAX_PATCH_BYTES
+
+    diff = ("---\ndiff --git a/vllm/x.py b/vllm/x.py\nnew file mode 100644\n--- /dev/null\n+++ b/vllm/x.py\n"
+            "@@ -0,0 +1 @@\n+x\n")
+    cases = {
+        "0001-twice.patch": ("Subject: first\n" + HEADER + diff, "header field 'Subject' appears twice"),
+        "0002-gitlink.patch": (HEADER + "---\ndiff --git a/vllm/sub b/vllm/sub\nnew file mode 160000\n"
+                              "index 0000000..1234567\n--- /dev/null\n+++ b/vllm/sub\n@@ -0,0 +1 @@\n"
+                              "+Subproject commit 1234567\n", "gitlinks are refused"),
+        "0003-huge.patch": (HEADER + diff + "+" + "y" * MAX_PATCH_BYTES + "\n", "MB limit for one patch"),
+    }
+    for name, (text, message) in cases.items():
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / name).write_text(text)
+        with pytest.raises(UserError, match=message):
+            load_stack(folder)
+
+
+def test_a_read_only_target_is_named(pristine_cpu_tree: Path, two_patches: Path, patch_maker, tmp_path: Path,
+                                     pins) -> None:
+    with _tmpfs(tmp_path / "ro", "200m") as mount:
+        fresh, used = mount / "fresh" / "vllm", mount / "used" / "vllm"
+        shutil.copytree(pristine_cpu_tree, fresh)
+        shutil.copytree(pristine_cpu_tree, used)
+        _apply(used, two_patches, pins, until="0001")
+        patch_maker.write(two_patches, "0003-third.patch", {"third.py": "Z = 3\n"})
+        _remount_read_only(mount)
+        with pytest.raises(UserError, match=f"{fresh.parent} is not writable"):
+            _apply(fresh, two_patches, pins)
+        with pytest.raises(UserError, match=f"{state_dir_for(used)} is not writable"):
+            _apply(used, two_patches, pins)
+
+
+def test_a_full_disk_is_one_clear_line_and_changes_nothing(pristine_cpu_tree: Path, two_patches: Path,
+                                                           tmp_path: Path, pins, patch_maker) -> None:
+    with _tmpfs(tmp_path / "small", "300m") as mount:
+        wheel = run_apply("apply", "--from", "wheel:cpu", "--out", str(mount / "out"))
+        assert wheel.returncode == 1 and "needs" in one_line_error(wheel) and " MB free" in wheel.stderr
+        assert list(mount.iterdir()) == []
+        package = mount / "site" / "vllm"
+        shutil.copytree(pristine_cpu_tree, package)
+        _apply(package, two_patches, pins, until="0001")
+        patch_maker.write(two_patches, "0003-big.patch", {"big.py": "B = 1\n" * 400_000})  # 2.4 MB
+        filler = mount / "filler"
+        free = shutil.disk_usage(mount).free
+        filler.write_bytes(b"\0" * (free - (3 << 20)))  # leaves about 3 MB: the commits fit, the checkout not
+        before = _tree_state(package)
+        full = run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches))
+        assert full.returncode == 1 and "needs" in one_line_error(full), full.stderr
+        assert _tree_state(package) == before
+        filler.unlink()
+        pristine = mount / "fresh" / "vllm"
+        shutil.copytree(pristine_cpu_tree, pristine)
+        filler.write_bytes(b"\0" * (shutil.disk_usage(mount).free - (20 << 20)))  # the baseline's history needs 50
+        first = run_apply("apply", "--from", f"dir:{pristine}", "--patches", str(two_patches))
+        assert first.returncode == 1 and "no space left on the device" in one_line_error(first), first.stderr
+        assert not state_dir_for(pristine).exists()
+        filler.unlink()
+        done = run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches))
+        assert done.returncode == 0, done.stderr
+        assert read_stamp(package).patch_ids == ("0001", "0002", "0003")
