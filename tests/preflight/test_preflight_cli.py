@@ -20,10 +20,19 @@ from rigstack.tinymodel import build_tiny_model
 from rigstack.versions import REPO_ROOT
 
 
-def preflight(*args: str) -> subprocess.CompletedProcess[str]:
+def preflight(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     # rich wraps at 80 columns when stderr is not a terminal; a wide one keeps each message on its one line.
     return subprocess.run([sys.executable, "preflight.py", *args], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=600, env={**os.environ, "COLUMNS": "500"})
+                          timeout=600, env={**os.environ, "COLUMNS": "500", **(env or {})})
+
+
+@pytest.fixture(scope="module")
+def pristine(request: pytest.FixtureRequest) -> Path:
+    """An unpatched vllm package outside any venv: CI's pristine copy (scripts/test_env.sh), else one extracted from
+    the pinned wheel. Never the interpreter's own, which CI patches."""
+    if os.environ.get("RIGSTACK_PRISTINE_VLLM"):
+        return Path(os.environ["RIGSTACK_PRISTINE_VLLM"])
+    return request.getfixturevalue("pristine_cpu_tree")
 
 
 @pytest.fixture(scope="module")
@@ -77,14 +86,18 @@ def test_exit_codes(tmp_path: Path, patched: Path, tiny: Path) -> None:
     assert re.search(rf"^FAIL model +model folder {tmp_path}/none not found$", failing.stdout, re.MULTILINE)
 
 
-def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, tiny: Path) -> None:
-    package = find_package()
-    if (package / "rigstack_stamp.json").exists():
-        pytest.skip("the test interpreter's vllm is patched")
-    done = preflight("--profile", str(free_profile(tmp_path)), "--model", str(tiny), "--json")
-    report = json.loads(done.stdout)
-    assert done.returncode == 2
-    assert [r["check"] for r in report["results"] if r["status"] == "FAIL"] == ["stamp"]
+def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, pristine: Path, tiny: Path) -> None:
+    """Relative --package is the absolute one: the package is imported by a subprocess that runs elsewhere. A fresh
+    cache, so vLLM's answer is learned here rather than read back from an earlier run with the absolute path."""
+    runs = []
+    for package in (os.path.relpath(pristine, REPO_ROOT), str(pristine)):
+        done = preflight("--profile", str(free_profile(tmp_path)), "--model", str(tiny), "--package", package,
+                         "--json", env={"RIGSTACK_CACHE": str(tmp_path / "cache")})
+        report = json.loads(done.stdout)
+        assert done.returncode == 2, report
+        assert [r["check"] for r in report["results"] if r["status"] == "FAIL"] == ["stamp"], report
+        runs.append([(r["check"], r["status"]) for r in report["results"]])
+    assert runs[0] == runs[1]
 
 
 def test_unknown_profile_is_one_line_with_a_suggestion() -> None:
