@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -31,7 +32,7 @@ def _package(path: Path | None) -> Path | None:
     if not (path / "__init__.py").is_file():
         raise UserError(f"--package {path} is not a python package folder (no __init__.py); pass the vllm/ folder")
     # The package is imported by a subprocess in another folder: a relative path would name nothing there.
-    return path.absolute()
+    return Path(os.path.abspath(path))
 
 
 def _model(profile: Profile, package: Path | None, python: str | None) -> tuple[Path | None, str]:

@@ -27,15 +27,6 @@ def preflight(*args: str, env: dict[str, str] | None = None) -> subprocess.Compl
 
 
 @pytest.fixture(scope="module")
-def pristine(request: pytest.FixtureRequest) -> Path:
-    """An unpatched vllm package outside any venv: CI's pristine copy (scripts/test_env.sh), else one extracted from
-    the pinned wheel. Never the interpreter's own, which CI patches."""
-    if os.environ.get("RIGSTACK_PRISTINE_VLLM"):
-        return Path(os.environ["RIGSTACK_PRISTINE_VLLM"])
-    return request.getfixturevalue("pristine_cpu_tree")
-
-
-@pytest.fixture(scope="module")
 def patched(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """scripts/test_env.sh patches the venv's own package and names it; elsewhere, a patched private copy."""
     if os.environ.get("RIGSTACK_PATCHED_VLLM"):
@@ -86,11 +77,11 @@ def test_exit_codes(tmp_path: Path, patched: Path, tiny: Path) -> None:
     assert re.search(rf"^FAIL model +model folder {tmp_path}/none not found$", failing.stdout, re.MULTILINE)
 
 
-def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, pristine: Path, tiny: Path) -> None:
+def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, pristine_package: Path, tiny: Path) -> None:
     """Relative --package is the absolute one: the package is imported by a subprocess that runs elsewhere. A fresh
     cache, so vLLM's answer is learned here rather than read back from an earlier run with the absolute path."""
     runs = []
-    for package in (os.path.relpath(pristine, REPO_ROOT), str(pristine)):
+    for package in (os.path.relpath(pristine_package, REPO_ROOT), str(pristine_package)):
         done = preflight("--profile", str(free_profile(tmp_path)), "--model", str(tiny), "--package", package,
                          "--json", env={"RIGSTACK_CACHE": str(tmp_path / "cache")})
         report = json.loads(done.stdout)
