@@ -179,21 +179,26 @@ def test_preflight_from_the_tool_venv_checks_the_serving_package(tool_python: Pa
 def test_an_interpreter_that_cannot_import_vllm_is_named_with_the_fix(tool_python: Path, pristine_package: Path,
                                                                       tmp_path: Path) -> None:
     """A package outside any venv is imported by preflight's own interpreter; the tool venv has no torch. That is
-    the interpreter's fault, not the stack's: say so and how to name the serving one (--python)."""
-    package = os.path.relpath(pristine_package, tmp_path)  # relative, as a user types it
-    wrong = run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", package, "--json", tmp=tmp_path / "t",
-                cwd=tmp_path)
-    checks = _statuses(wrong)
-    status, reason, fix = checks["imports"]
-    assert status == "FAIL" and reason == (f"{tool_python} cannot import vllm from {pristine_package}: it has no torch "
-                                           "module, so it is not the interpreter that serves this package"), reason
+    the interpreter's fault, not the stack's: say so and how to name the serving one (--python). A relative
+    --package (as a user types it) is the absolute one, though vLLM is imported from another folder."""
+    (tmp_path / "site").symlink_to(pristine_package.parent)
+    relative, absolute = "site/vllm", tmp_path / "site" / "vllm"
+    runs = [_statuses(run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", str(package), "--json",
+                          tmp=tmp_path / "t", cwd=tmp_path)) for package in (relative, absolute)]
+    assert runs[0] == runs[1]
+    status, reason, fix = runs[0]["imports"]
+    assert status == "FAIL" and reason == (f"{tool_python} cannot import vllm from {absolute}: it has no torch "
+                                           "module, so it is not the interpreter that serves this package")
     assert fix.startswith("pass --python PATH of the interpreter that serves it") and "re-apply" not in fix
-    assert checks["flags"][0] == checks["env"][0] == "SKIP"
-    right = run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", package, "--python", sys.executable,
+    assert runs[0]["flags"][0] == runs[0]["env"][0] == "SKIP"
+    right = run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", relative, "--python", sys.executable,
                 "--json", tmp=tmp_path / "t", cwd=tmp_path)
     checks = _statuses(right)
     for name in ("model", "imports", "flags", "env"):
         assert checks[name][0] == "PASS", checks[name]
+    bad = run(tool_python, str(REPO_ROOT / "preflight.py"), "--python", "no-such-python", tmp=tmp_path / "t")
+    assert bad.returncode == 1 and bad.stderr.strip() == ("error: --python no-such-python is not an interpreter that "
+                                                          "can be run; pass the serving venv's bin/python")
 
 
 # --- README: its commands and figures are the tool's ----------------------------------------------------------------

@@ -18,7 +18,7 @@ ALLOWED_ENV = frozenset({"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HUB_OF
                          "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"})
 ALLOWED_ENV_PREFIXES = ("NCCL_", "TORCH_", "TRITON_", "PYTORCH_")
 # The imports check FAILs with the cause and the fix; saying it again here would only repeat it.
-_NOT_READ = "not read: this interpreter cannot import vllm (see imports)"
+_NOT_READ = "not read: the package's interpreter cannot import vllm (see imports)"
 
 
 def _hint(name: str, known: list[str] | set[str] | frozenset[str]) -> str:
