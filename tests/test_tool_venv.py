@@ -102,6 +102,13 @@ def test_usage_errors_are_one_line_exit_2_and_no_crash_log(where: str, request: 
     assert not list((tmp_path / "tmp").iterdir()), "a usage error left a crash log"
 
 
+def test_no_arguments_shows_the_help(tool_python: Path, tmp_path: Path) -> None:
+    for entry in (["apply.py"], ["scripts/probe_bang.py"], ["-m", "rigstack.images"]):
+        done = run(tool_python, *entry, tmp=tmp_path / "tmp")
+        assert done.returncode == 2 and "Usage:" in done.stdout and not done.stderr, (entry, done.stderr)
+    assert not list((tmp_path / "tmp").iterdir())
+
+
 def test_a_bug_is_still_a_bug(tool_python: Path, tmp_path: Path) -> None:
     """The last-resort handler itself must work in the tool venv: exit 3, one line, the traceback in a log."""
     script = ("import sys, typer; from rigstack import cli; app = typer.Typer(); "
@@ -185,10 +192,11 @@ def test_an_interpreter_that_cannot_import_vllm_is_named_with_the_fix(tool_pytho
     relative, absolute = "site/vllm", tmp_path / "site" / "vllm"
     runs = [_statuses(run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", str(package), "--json",
                           tmp=tmp_path / "t", cwd=tmp_path)) for package in (relative, absolute)]
-    assert runs[0] == runs[1]
+    package_checks = ("stamp", "imports", "flags", "env")
+    assert [runs[0][name] for name in package_checks] == [runs[1][name] for name in package_checks]
     status, reason, fix = runs[0]["imports"]
     assert status == "FAIL" and reason == (f"{tool_python} cannot import vllm from {absolute}: it has no torch "
-                                           "module, so it is not the interpreter that serves this package")
+                                           "module, so it is not an interpreter that can serve this package")
     assert fix.startswith("pass --python PATH of the interpreter that serves it") and "re-apply" not in fix
     assert runs[0]["flags"][0] == runs[0]["env"][0] == "SKIP"
     right = run(tool_python, str(REPO_ROOT / "preflight.py"), "--package", relative, "--python", sys.executable,

@@ -55,7 +55,7 @@ def wrong_interpreter(ctx: Context) -> Result:
     """vllm itself does not import: the interpreter lacks vLLM's dependencies, so it is not the serving one."""
     knowledge = ctx.knowledge
     return fail(f"{knowledge.python} cannot import vllm from {ctx.package}: it has no {knowledge.lacks} module, so "
-                "it is not the interpreter that serves this package",
+                "it is not an interpreter that can serve this package",
                 "pass --python PATH of the interpreter that serves it (the venv with vLLM's dependencies), "
                 "or run preflight.py with that interpreter")
 
