@@ -22,7 +22,7 @@ import pytest
 from rigstack.cache import cache_dir
 from rigstack.preflight.knowledge import find_package
 from rigstack.profiles import list_profiles
-from rigstack.versions import REPO_ROOT
+from rigstack.versions import REPO_ROOT, Pins
 
 REQUIREMENTS = REPO_ROOT / "requirements.txt"
 # Every entry point: the top-level scripts, each file in scripts/ (all are typer apps) and the images module.
@@ -243,7 +243,7 @@ def test_readme_flags_are_in_the_scripts_help(helps: dict[tuple[str, ...], str])
 
 @pytest.mark.parametrize("env", [{"RIGSTACK_CACHE": "{tmp}/cache"}, {"HOME": "{tmp}"}])
 def test_readme_finds_the_test_venv_where_the_tool_caches(env: dict[str, str], tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch, pins) -> None:  # noqa: ANN001
+                                                          monkeypatch: pytest.MonkeyPatch, pins: Pins) -> None:
     line = next(line for line in README.read_text().splitlines() if line.startswith("py="))
     env = {key: value.format(tmp=tmp_path) for key, value in env.items()}
     shell = subprocess.run(["bash", "-c", f'{line}\necho "$py"'], capture_output=True, text=True, check=True,
