@@ -1,6 +1,6 @@
 """preflight.py: seconds-long checks of this host, the patched vLLM and the weights against a profile.
 
-    python preflight.py --profile NAME|PATH.yaml [--model PATH] [--package PATH] [--json] [--strict]
+    python preflight.py --profile NAME|PATH.yaml [--model PATH] [--package PATH] [--python PATH] [--json] [--strict]
     python preflight.py profiles            every profile, marking those that fit this host's GPUs
     python preflight.py show NAME [--resolved]
 
@@ -26,6 +26,8 @@ def main(
     profile: str = typer.Option(DEFAULT_PROFILE, "--profile", "-p", help="profile name or YAML path"),
     model: Path | None = typer.Option(None, help="model folder, instead of the profile's path"),
     package: Path | None = typer.Option(None, help="vllm package folder (default: the one python would import)"),
+    python: str | None = typer.Option(None, help="the interpreter that serves the package, which imports it for the "
+                                      "flag and import checks (default: its venv's python, else this one)"),
     json_out: bool = typer.Option(False, "--json", help="results as JSON on stdout"),
     strict: bool = typer.Option(False, help="exit 1 on warnings"),
 ) -> None:
@@ -33,7 +35,8 @@ def main(
     if ctx.invoked_subcommand is None:
         from rigstack.preflight.runner import run_preflight
 
-        raise typer.Exit(run_preflight(profile, model=model, package=package, as_json=json_out, strict=strict))
+        raise typer.Exit(run_preflight(profile, model=model, package=package, python=python, as_json=json_out,
+                                       strict=strict))
 
 
 @app.command("profiles")

@@ -25,6 +25,23 @@ def _log_traceback() -> str:
     return path
 
 
+def _usage_error(error: typer.TyperException) -> int:
+    """One line with typer's own message (it carries the "Did you mean" suggestion) and where the help is."""
+    # no_args_is_help: typer has already printed the help; the error itself carries nothing more to say.
+    if type(error).__name__ == "NoArgsIsHelpError":
+        return error.exit_code
+    context = getattr(error, "ctx", None)
+    where = f" (see `{context.command_path} --help`)" if context is not None else ""
+    console.print(f"[bold red]error:[/] {escape(error.format_message() + where)}")
+    return error.exit_code
+
+
+def _prog_name() -> str:
+    """What the user typed to start this: `python -m rigstack.images` rather than the module's file name."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return f"python -m {spec.name}" if spec is not None else Path(sys.argv[0]).name
+
+
 def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     """Run a typer app and turn every failure into an exit code; entry points call only this."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -32,7 +49,7 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     args = [arg for arg in args if arg != "--debug"]
     try:
-        result = app(args=args, standalone_mode=False, prog_name=Path(sys.argv[0]).name)
+        result = app(args=args, standalone_mode=False, prog_name=_prog_name())
     except UserError as error:
         if debug:
             console.print_exception()
@@ -47,12 +64,11 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
         return int(code if code is not None else getattr(stop, "code", 0) or 0)
     except typer.Abort:
         return EXIT_INTERRUPTED
+    except typer.TyperException as error:
+        # typer's own parsing errors (unknown command or option, missing argument, bad value); since 0.29 typer
+        # vendors click, so these are typer's classes, not click's.
+        return _usage_error(error)
     except Exception as error:  # noqa: BLE001 - the last line of defence: a bug, reported as one
-        import click
-
-        if isinstance(error, click.ClickException):
-            error.show()
-            return error.exit_code
         if debug:
             raise
         console.print(f"[bold red]bug:[/] {type(error).__name__}: {error} (traceback in {_log_traceback()}; "

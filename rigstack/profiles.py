@@ -15,7 +15,7 @@ import math
 import re
 import types
 import typing
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -496,14 +496,15 @@ def list_profiles(folder: Path = PROFILES_DIR) -> list[str]:
     return sorted(path.stem for path in folder.glob("*.yaml"))
 
 
-def model_dir(weights: Weights, build: bool = True) -> Path:
+def model_dir(weights: Weights, build: bool = True, path: Sequence[str] | None = None) -> Path:
     """Where the weights are on this host. tiny:KIND is the locally built tiny model: built on first use, or with
-    build=False only located (preflight reports a missing one instead of spending minutes building it)."""
+    build=False only located (preflight reports a missing one instead of spending minutes building it), keyed by
+    the libraries on `path` (the serving interpreter's sys.path; default this one's)."""
     if weights.path.startswith(TINY_PREFIX):
         from rigstack import tinymodel
 
         kind = weights.path.removeprefix(TINY_PREFIX)
-        return tinymodel.build_tiny_model(kind) if build else tinymodel.tiny_model_dir(kind)
+        return tinymodel.build_tiny_model(kind) if build else tinymodel.tiny_model_dir(kind, path=path)
     return Path(weights.path)
 
 

@@ -7,8 +7,10 @@ API (other modules and tests use only this):
         Returns <cache_dir()>/models/<kind>-<key>/ (key: 16 hex of the sha256 over every build input), holding
         config.json, generation_config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json and
         chat_template.jinja. Idempotent: a second call returns the cached folder. Vocab 4106 (both kinds).
-    tiny_model_dir(kind: str = "dense", seed: int = 0) -> Path
-        The same folder path, without building and without importing torch (for preflight; ~0.1 s).
+    tiny_model_dir(kind: str = "dense", seed: int = 0, path: Sequence[str] | None = None) -> Path
+        The same folder path, without building and without importing torch (for preflight; ~0.1 s). The key holds
+        the versions of BUILD_LIBS found on `path` (another interpreter's sys.path; default this one's); where one
+        is absent it raises UserError (the tool's own venv has none of them: they come with vLLM).
     SERVED_NAME = "tiny": the name profiles and tests pass as --served-model-name.
     TOOL_TOKENS: the GLM-4.7 tags, each one token, so the glm47 tool parser sees real token ids.
 CLI: `python scripts/make_tiny_model.py [--kind dense|moe] [--seed N]` prints the folder.
@@ -32,7 +34,9 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
+from collections.abc import Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -47,6 +51,9 @@ BUILD_VERSION = 1
 VOCAB_TARGET = 4096
 EOS = "<|endoftext|>"
 TURN_TOKENS = ("[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>")
+# The libraries that build the model (and whose versions decide its bytes): vLLM's own dependencies, so they live
+# in the serving interpreter, not in the tool's environment (requirements.txt).
+BUILD_LIBS = ("transformers", "tokenizers", "torch")
 TOOL_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
                "<arg_value>", "</arg_value>", "<tool_response>", "</tool_response>")
 
@@ -151,14 +158,22 @@ def _corpus(seed: int = 0, lines: int = 6000) -> str:
     return "\n".join(out)
 
 
+def build_libs(path: Sequence[str] | None = None) -> dict[str, str | None]:
+    """The versions of the libraries that build the model, installed on `path` (an interpreter's module search
+    path; default this one's), None for one that is absent. Read from the distribution metadata, so nothing is
+    imported (preflight has 2 s) and another interpreter's libraries can be read without running it."""
+    where = list(sys.path if path is None else path)
+    return {name: next((dist.version for dist in metadata.distributions(name=name, path=where)), None)
+            for name in BUILD_LIBS}
+
+
 @functools.cache
-def _key(kind: str, seed: int) -> str:
+def _key(kind: str, seed: int, libs: tuple[str, ...]) -> str:
     inputs = {"build": BUILD_VERSION, "kind": kind, "seed": seed, "shape": _SHAPES[kind], "vocab": VOCAB_TARGET,
               "template": CHAT_TEMPLATE, "corpus": hashlib.sha256(_corpus().encode()).hexdigest(),
               "specials": [EOS, *TURN_TOKENS, *TOOL_TOKENS],
-              # Seeded initialisation is only reproducible within one library version. Read from the
-              # distribution metadata, so finding the folder does not import torch (preflight has 2 s).
-              "libs": [metadata.version(name) for name in ("transformers", "tokenizers", "torch")]}
+              # Seeded initialisation is only reproducible within one library version.
+              "libs": list(libs)}
     return hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -202,11 +217,24 @@ def _build(kind: str, seed: int, out: Path) -> None:
     _save_model(kind, seed, len(tokenizer), eos_ids, out)
 
 
-def tiny_model_dir(kind: str = "dense", seed: int = 0) -> Path:
-    """Where build_tiny_model(kind, seed) puts the model; nothing is built or imported (cheap enough for preflight)."""
+def models_root() -> Path:
+    """The folder that holds every built tiny model."""
+    return cache_dir() / "models"
+
+
+def tiny_model_dir(kind: str = "dense", seed: int = 0, path: Sequence[str] | None = None) -> Path:
+    """Where build_tiny_model(kind, seed) puts the model when built by the libraries on `path` (an interpreter's
+    module search path, default this one's); nothing is built or imported (cheap enough for preflight)."""
     if kind not in KINDS:
         raise UserError(f"unknown tiny model kind {kind!r}; use one of: {', '.join(KINDS)}")
-    return cache_dir() / "models" / f"{kind}-{_key(kind, seed)}"
+    libs = build_libs(path)
+    if None in libs.values():
+        where = sys.executable if path is None else "the serving interpreter"
+        absent = ", ".join(name for name, version in libs.items() if version is None)
+        raise UserError(f"the tiny model is built by {', '.join(BUILD_LIBS)} (their versions key its folder), and "
+                        f"{where} has no {absent}; run it with the interpreter that serves vLLM (`make test` makes "
+                        "one: README, Try it without a GPU)")
+    return models_root() / f"{kind}-{_key(kind, seed, tuple(libs.values()))}"
 
 
 def build_tiny_model(kind: str = "dense", seed: int = 0) -> Path:

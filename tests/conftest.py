@@ -48,6 +48,15 @@ def pristine_cpu_tree(tmp_path_factory: pytest.TempPathFactory, pins) -> Path:
     return root / "vllm"
 
 
+@pytest.fixture(scope="session")
+def pristine_package(request: pytest.FixtureRequest) -> Path:
+    """An unpatched vllm package outside any venv: CI's pristine copy (RIGSTACK_PRISTINE_VLLM, from
+    scripts/test_env.sh), else the pinned wheel's files. Never the test venv's own, which CI patches."""
+    if os.environ.get("RIGSTACK_PRISTINE_VLLM"):
+        return Path(os.environ["RIGSTACK_PRISTINE_VLLM"])
+    return request.getfixturevalue("pristine_cpu_tree")
+
+
 @pytest.fixture()
 def cpu_package(pristine_cpu_tree: Path, tmp_path: Path) -> Path:
     """A private, writable copy of the pristine package to patch in place."""

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -124,3 +125,18 @@ def test_the_cli_prints_the_folder(tiny_moe_model: Path) -> None:
     bad = subprocess.run([sys.executable, "scripts/make_tiny_model.py", "--kind", "huge"], cwd=ROOT,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "unknown tiny model kind" in bad.stderr
+
+
+def test_the_folder_is_keyed_by_the_serving_interpreters_libraries(tiny_model: Path, tmp_path: Path) -> None:
+    """The tool's own venv has none of the build libraries: the folder is found from the serving interpreter's
+    path, and an environment without them gets a one-line reason, never PackageNotFoundError."""
+    assert tinymodel.tiny_model_dir("dense", path=sys.path) == tiny_model
+    with pytest.raises(UserError, match=r"the tiny model is built by transformers, tokenizers, torch .* and the "
+                                        r"serving interpreter has no transformers, tokenizers, torch; run it with"):
+        tinymodel.tiny_model_dir("dense", path=[str(tmp_path)])
+    for name in ("transformers", "tokenizers"):  # their metadata only: an environment without torch
+        site = Path(metadata.distribution(name).locate_file(""))
+        info = next(site.glob(f"{name}-*.dist-info"))
+        (tmp_path / info.name).symlink_to(info)
+    with pytest.raises(UserError, match="has no torch;"):
+        tinymodel.tiny_model_dir("dense", path=[str(tmp_path)])

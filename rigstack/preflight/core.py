@@ -62,6 +62,8 @@ class Context:
     model: Path | None  # the model folder on this host (None: the tiny model is not built yet)
     package: Path | None  # the vllm package preflight checks (None: none found)
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
+    python: str | None = None  # the interpreter that serves the package (None: its venv's, else this one)
+    model_problem: str = ""  # why the model folder could not be located (then model is None)
 
     @cached_property
     def gpus(self) -> nvml.GpuScan:
@@ -99,7 +101,7 @@ class Context:
 
     @cached_property
     def knowledge(self) -> vllm_knowledge.Knowledge:
-        return vllm_knowledge.load(self.package, self.patched_modules)
+        return vllm_knowledge.load(self.package, self.patched_modules, self.python)
 
     def env_value(self, name: str) -> str | None:
         """A variable as the server will see it: the profile's value wins over the caller's environment."""

@@ -9,20 +9,33 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from rigstack.cache import cache_dir
+from rigstack.errors import UserError
 
-SCRIPT_VERSION = 3
+SCRIPT_VERSION = 4  # bump when the script or its output changes: cached answers are then relearned
 TIMEOUT_S = 180  # importing vLLM on a busy 2-core box takes 15-60 s
 
 # Runs inside the package's interpreter: stdlib only, and vLLM.
 _SCRIPT = r"""
 import importlib, json, sys
-out = {"flags": {}, "env": [], "imports": {}, "missing": {}, "version": None, "error": None}
+out = {"flags": {}, "env": [], "imports": {}, "missing": {}, "version": None, "error": None, "lacks": None}
+try:
+    import vllm
+except ModuleNotFoundError as error:
+    # vLLM's own top level needs a module this interpreter lacks: it is not the one that serves the package.
+    if error.name and error.name.split(".")[0] != "vllm":
+        out["lacks"] = error.name
+        out["error"] = (type(error).__name__ + ": " + str(error)).splitlines()[0][:300]
+        sys.stdout.write("\n@@RIGSTACK@@" + json.dumps(out))
+        sys.exit(0)
+except BaseException:
+    pass  # reported below, module by module
 for name in json.loads(sys.argv[1]):
     try:
         importlib.import_module(name)
@@ -65,6 +78,8 @@ class Knowledge:
     version: str | None = None
     error: str | None = None  # why vLLM's flags could not be read
     cached: bool = False
+    lacks: str | None = None  # the module the interpreter lacks to import vllm at all (not the serving one)
+    python: str = ""  # the interpreter that was asked
 
     @property
     def broken(self) -> dict[str, str]:
@@ -79,15 +94,48 @@ def find_package() -> Path | None:
     return Path(list(spec.submodule_search_locations)[0])
 
 
-def interpreter(package: Path) -> tuple[str, dict[str, str]]:
-    """The Python that owns the package (a venv's or the image's), else this one with the package put first."""
+def _venv_python(package: Path) -> Path | None:
+    """The python of the venv (or image) whose site-packages holds the package."""
     site = package.parent
     if site.name in ("site-packages", "dist-packages"):
         root = site.parent.parent.parent
         for name in ("python", "python3"):
             if (root / "bin" / name).exists():
-                return str(root / "bin" / name), {}
-    return sys.executable, {"PYTHONPATH": os.pathsep.join(filter(None, (str(site), os.environ.get("PYTHONPATH"))))}
+                return root / "bin" / name
+    return None
+
+
+def _named(python: str) -> Path:
+    """--python as given: a path, or a command name looked up on PATH like a shell would."""
+    return Path(python if os.sep in python else shutil.which(python) or python).absolute()
+
+
+def interpreter(package: Path, python: str | None = None) -> tuple[str, dict[str, str]]:
+    """The Python that serves the package: `python` when given, else the one that owns it (a venv's or the image's),
+    else this one; with the package's folder put first on its path unless that python owns the package."""
+    owner = _venv_python(package)
+    chosen = _named(python) if python else owner or Path(sys.executable)
+    if chosen == owner:
+        return str(chosen), {}
+    site = str(package.parent)
+    return str(chosen), {"PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
+
+
+def search_path(package: Path | None, python: str | None = None) -> list[str] | None:
+    """The module search path of the interpreter that serves the package (where its libraries are); None for this
+    interpreter's own. Another interpreter is asked (about 20 ms: it imports nothing)."""
+    if package is None and python is None:
+        return None
+    chosen, env = interpreter(package, python) if package else (str(_named(python)), {})
+    first = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if chosen == sys.executable:
+        return [*first, *sys.path] if first else None
+    try:
+        done = subprocess.run([chosen, "-c", "import json, sys; print(json.dumps(sys.path))"], capture_output=True,
+                              text=True, timeout=60, env={**os.environ, **env}, check=True)
+        return json.loads(done.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as error:
+        raise UserError(f"cannot run the interpreter {chosen} ({error}); pass --python PATH of a working one") from None
 
 
 def quick_fingerprint(package: Path) -> str:
@@ -120,22 +168,23 @@ def _cache_file(package: Path, python: str, modules: list[str]) -> Path:
     return cache_dir() / "preflight" / f"vllm-{key}.json"
 
 
-def _parse(data: dict, cached: bool) -> Knowledge:
+def _parse(data: dict, cached: bool, python: str) -> Knowledge:
     flags = {name: Flag(info["takes_value"], tuple(info["choices"]) if info["choices"] else None, info["nargs"])
              for name, info in data["flags"].items()}
     return Knowledge(flags, frozenset(data["env"]), data["imports"], data["missing"], data["version"], data["error"],
-                     cached)
+                     cached, data["lacks"], python)
 
 
-def load(package: Path | None, modules: list[str] | None = None) -> Knowledge:
+def load(package: Path | None, modules: list[str] | None = None, python: str | None = None) -> Knowledge:
+    """What the vllm package knows, learned by the interpreter that serves it (`python`, else its owner)."""
     if package is None:
         return Knowledge(error="no vllm package found; pass --package PATH")
     modules = sorted(modules or [])
-    python, extra_env = interpreter(package)
+    python, extra_env = interpreter(package, python)
     cache = _cache_file(package, python, modules)
     if cache.is_file():
         try:
-            return _parse(json.loads(cache.read_text()), cached=True)
+            return _parse(json.loads(cache.read_text()), cached=True, python=python)
         except (ValueError, KeyError):
             pass  # a damaged cache entry is rebuilt below
     env = {**os.environ, **extra_env, "VLLM_LOGGING_LEVEL": "ERROR", "PYTHONWARNINGS": "ignore"}
@@ -143,14 +192,14 @@ def load(package: Path | None, modules: list[str] | None = None) -> Knowledge:
         done = subprocess.run([python, "-c", _SCRIPT, json.dumps(modules)], capture_output=True, text=True,
                               timeout=TIMEOUT_S, env=env, cwd=cache_dir() if cache_dir().is_dir() else None)
     except subprocess.TimeoutExpired:
-        return Knowledge(error=f"{python} took over {TIMEOUT_S} s to import vllm")
+        return Knowledge(error=f"{python} took over {TIMEOUT_S} s to import vllm", python=python)
     except OSError as error:
-        return Knowledge(error=f"cannot run {python} ({error.strerror})")
+        return Knowledge(error=f"cannot run {python} ({error.strerror})", python=python)
     if _MARK not in done.stdout:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1][:300]
-        return Knowledge(error=f"{python} exited {done.returncode}: {tail}")
+        return Knowledge(error=f"{python} exited {done.returncode}: {tail}", python=python)
     data = json.loads(done.stdout.rsplit(_MARK, 1)[1])
-    knowledge = _parse(data, cached=False)
+    knowledge = _parse(data, cached=False, python=python)
     if knowledge.error is None and set(knowledge.broken) <= set(knowledge.missing):
         # Only a clean answer is kept (bar dependencies absent from this environment, which a rerun will not
         # conjure up): any other failure may come from the environment and is retried next run.

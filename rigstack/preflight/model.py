@@ -9,6 +9,7 @@ from typing import Any
 
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
 from rigstack.profiles import TINY_PREFIX, Shape, Weights, model_dir
+from rigstack.tinymodel import models_root
 
 GIB = 1024**3
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
@@ -61,7 +62,7 @@ def _missing_shards(folder: Path) -> list[str]:
 def check_weights(what: str, weights: Weights, folder: Path | None, config: dict[str, Any] | None) -> Result:
     if folder is None or not folder.is_dir():
         where = folder or weights.path
-        if weights.path.startswith(TINY_PREFIX) and folder == model_dir(weights, build=False):
+        if weights.path.startswith(TINY_PREFIX) and folder is not None and folder.parent == models_root():
             return fail(f"the tiny model is not built yet ({where})",
                         f"python scripts/make_tiny_model.py --kind {weights.path.removeprefix(TINY_PREFIX)}")
         return fail(f"{what} folder {where} not found",
@@ -90,6 +91,8 @@ def check_weights(what: str, weights: Weights, folder: Path | None, config: dict
 
 @check("model")
 def model(ctx: Context) -> Result:
+    if ctx.model_problem:
+        return fail(ctx.model_problem, "pass --package (and --python) of the serving vLLM, or --model PATH")
     return check_weights("model", ctx.profile.model, ctx.model, ctx.model_config)
 
 

@@ -51,9 +51,20 @@ def _not_in_cpu_build(module: str) -> bool:
     return not module.startswith("vllm.") or module.rsplit(".", 1)[-1].startswith("_")
 
 
+def wrong_interpreter(ctx: Context) -> Result:
+    """vllm itself does not import: the interpreter lacks vLLM's dependencies, so it is not the serving one."""
+    knowledge = ctx.knowledge
+    return fail(f"{knowledge.python} cannot import vllm from {ctx.package}: it has no {knowledge.lacks} module, so "
+                "it is not an interpreter that can serve this package",
+                "pass --python PATH of the interpreter that serves it (the venv with vLLM's dependencies), "
+                "or run preflight.py with that interpreter")
+
+
 @check("imports", slow=True)
 def imports(ctx: Context) -> Result:
     knowledge = ctx.knowledge
+    if knowledge.lacks:
+        return wrong_interpreter(ctx)
     broken = knowledge.broken
     # On the cpu twin the GPU code cannot import, with or without the stack: it needs packages the cpu build does
     # not install (torchvision) or compiled extensions only the GPU wheel has (vllm._C_stable_libtorch). A cpu

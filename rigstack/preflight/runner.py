@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -16,9 +18,10 @@ from rich.text import Text
 from rigstack.errors import UserError
 from rigstack.preflight import hardware, host, model, package, settings  # noqa: F401 - registers the checks
 from rigstack.preflight.core import CHECKS, Context, Result, Status, fail
-from rigstack.preflight.knowledge import find_package
+from rigstack.preflight.knowledge import find_package, search_path
 from rigstack.preflight.nvml import scan
-from rigstack.profiles import Profile, list_profiles, load_profile, model_dir, read_yaml, resolve_path, resolved_dict
+from rigstack.profiles import (TINY_PREFIX, Profile, list_profiles, load_profile, model_dir, read_yaml, resolve_path,
+                               resolved_dict)
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL = 0, 1, 2
 _STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
@@ -30,12 +33,26 @@ def _package(path: Path | None) -> Path | None:
         return find_package()
     if not (path / "__init__.py").is_file():
         raise UserError(f"--package {path} is not a python package folder (no __init__.py); pass the vllm/ folder")
-    return path
+    # The package is imported by a subprocess in another folder: a relative path would name nothing there.
+    return Path(os.path.abspath(path))
+
+
+def _model(profile: Profile, package: Path | None, python: str | None) -> tuple[Path | None, str]:
+    """The profile's model folder (the tiny model's is keyed by the serving interpreter's libraries), or why not."""
+    tiny = profile.model.path.startswith(TINY_PREFIX)
+    try:
+        return model_dir(profile.model, build=False, path=search_path(package, python) if tiny else None), ""
+    except UserError as error:
+        return None, str(error)
 
 
 def run_checks(profile: Profile, *, model: Path | None = None, package: Path | None = None,
-               environ: dict[str, str] | None = None) -> list[Result]:
-    ctx = Context(profile, model=model or model_dir(profile.model, build=False), package=_package(package))
+               python: str | None = None, environ: dict[str, str] | None = None) -> list[Result]:
+    if python is not None and shutil.which(python) is None:
+        raise UserError(f"--python {python} is not an interpreter that can be run; pass the serving venv's bin/python")
+    package = _package(package)
+    folder, problem = (model, "") if model else _model(profile, package, python)
+    ctx = Context(profile, model=folder, package=package, python=python, model_problem=problem)
     if environ is not None:
         ctx.environ = environ
     ordered = [entry for entry in CHECKS if not entry[2]] + [entry for entry in CHECKS if entry[2]]
@@ -69,10 +86,10 @@ def _print(profile: Profile, results: list[Result], seconds: float) -> None:
 
 
 def run_preflight(profile_name: str, *, model: Path | None = None, package: Path | None = None,
-                  as_json: bool = False, strict: bool = False) -> int:
+                  python: str | None = None, as_json: bool = False, strict: bool = False) -> int:
     start = time.perf_counter()
     profile = load_profile(profile_name)
-    results = run_checks(profile, model=model, package=package)
+    results = run_checks(profile, model=model, package=package, python=python)
     code = exit_code(results, strict)
     if as_json:
         print(json.dumps({"profile": profile.name, "exit_code": code,

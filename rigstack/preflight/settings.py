@@ -17,6 +17,8 @@ from rigstack.render import profile_env, vllm_flags
 ALLOWED_ENV = frozenset({"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "HF_HOME",
                          "TRANSFORMERS_OFFLINE", "OMP_NUM_THREADS", "TOKENIZERS_PARALLELISM"})
 ALLOWED_ENV_PREFIXES = ("NCCL_", "TORCH_", "TRITON_", "PYTORCH_")
+# The imports check FAILs with the cause and the fix; saying it again here would only repeat it.
+_NOT_READ = "not read: the package's interpreter cannot import vllm (see imports)"
 
 
 def _hint(name: str, known: list[str] | set[str] | frozenset[str]) -> str:
@@ -62,6 +64,8 @@ def flag_problems(flags: dict[str, Any], known: dict[str, Any]) -> list[str]:
 @check("flags", slow=True)
 def flags(ctx: Context) -> Result:
     knowledge = ctx.knowledge
+    if knowledge.lacks:
+        return skip(_NOT_READ)
     if knowledge.error:
         return fail(f"cannot read vLLM's flags: {knowledge.error}", "pass --package PATH of a working vllm")
     problems = flag_problems(vllm_flags(ctx.profile), knowledge.flags)
@@ -73,6 +77,8 @@ def flags(ctx: Context) -> Result:
 @check("env", slow=True)
 def env(ctx: Context) -> Result:
     knowledge = ctx.knowledge
+    if knowledge.lacks:
+        return skip(_NOT_READ)
     if knowledge.error:
         return fail(f"cannot read vllm/envs.py: {knowledge.error}", "pass --package PATH of a working vllm")
     try:

@@ -77,14 +77,12 @@ def test_exit_codes(tmp_path: Path, patched: Path, tiny: Path) -> None:
     assert re.search(rf"^FAIL model +model folder {tmp_path}/none not found$", failing.stdout, re.MULTILINE)
 
 
-def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, tiny: Path) -> None:
-    package = find_package()
-    if (package / "rigstack_stamp.json").exists():
-        pytest.skip("the test interpreter's vllm is patched")
-    done = preflight("--profile", str(free_profile(tmp_path)), "--model", str(tiny), "--json")
+def test_unpatched_package_fails_on_the_stamp(tmp_path: Path, pristine_package: Path, tiny: Path) -> None:
+    done = preflight("--profile", str(free_profile(tmp_path)), "--model", str(tiny), "--package", str(pristine_package),
+                     "--json")
     report = json.loads(done.stdout)
     assert done.returncode == 2
-    assert [r["check"] for r in report["results"] if r["status"] == "FAIL"] == ["stamp"]
+    assert [r["check"] for r in report["results"] if r["status"] == "FAIL"] == ["stamp"], report
 
 
 def test_unknown_profile_is_one_line_with_a_suggestion() -> None:
