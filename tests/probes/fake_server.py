@@ -10,8 +10,8 @@ Run as its own process (the process boundary is what the probes talk across):
 --metrics: serve /metrics with vLLM's counter and timing histograms, kept on the engine's true clock.
 --echo-auth: every answer and error message repeats the Authorization header it got (a careless proxy).
 --max-model-len N: the context length /v1/models reports (default 4096); longer requests get vLLM's HTTP 400.
---models BODY / --chunk TEXT: send BODY as the /v1/models answer, or TEXT as the first `data:` line of every chat
-    stream (garbage, a JSON list, ...).
+--models BODY / --chunk TEXT / --reply BODY: send BODY as the /v1/models answer, TEXT as the first `data:` line of
+    every chat stream, or BODY as every answer that is not streamed (garbage, a JSON list, ...).
 --drip S: POST answers send one byte every S seconds and never finish; --drip-models S does so for /v1/models.
 """
 
@@ -112,6 +112,8 @@ class Handler(BaseHTTPRequestHandler):
             STATE["ok_left"] -= 1
         if not allowed:
             self._json(500, {"error": {"message": f"engine dead (fake){self._echo()}", "code": 500}})
+        elif ARGS.reply is not None and not body.get("stream"):
+            self._raw(200, ARGS.reply.encode())
         elif self.path == "/v1/completions":
             self._completion(body)
         elif not body.get("stream"):
@@ -170,6 +172,7 @@ def main() -> None:
     parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--models")
     parser.add_argument("--chunk")
+    parser.add_argument("--reply")
     parser.add_argument("--drip", type=float, default=0.0)
     parser.add_argument("--drip-models", type=float, default=0.0)
     parser.parse_args(namespace=ARGS)

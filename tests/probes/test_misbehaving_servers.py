@@ -123,6 +123,18 @@ def test_a_malformed_stream_is_a_failed_request(tmp_path: Path, fake_server, chu
     assert message in _one_clean_line(process)
 
 
+@pytest.mark.parametrize("reply, message", [
+    ("[]", "malformed reply from the server: the reply is JSON list, not an object: '[]'"),
+    ("Internal error", "malformed reply from the server: the reply is not JSON (Expecting value): 'Internal error'"),
+    ('{"choices": [{"text": "x", "logprobs": {"tokens": ["token_id:1"], "token_logprobs": ["low"]}}]}',
+     "malformed reply from the server: a field of the wrong type (ValueError"),
+])
+def test_a_malformed_answer_is_a_failed_request(tmp_path: Path, fake_server, reply: str, message: str) -> None:
+    process = _probe("probe_bang", fake_server("--reply", reply), tmp_path)
+    assert process.returncode == EXIT_FAILED and "CORRUPTION" not in process.stderr
+    assert message in _one_clean_line(process)
+
+
 @pytest.mark.parametrize("name", ["bench", "conc", "probe_bang"])
 def test_a_dripping_server_meets_the_deadline(tmp_path: Path, fake_server, name: str) -> None:
     """One byte every 0.3 s never trips httpx's per-read timeout; --timeout is a deadline for the whole answer."""
