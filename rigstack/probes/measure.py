@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -195,7 +196,7 @@ def burst(gaps: list[float], server: ServerTimes) -> str | None:
     """Why the client's chunk times cannot time decoding (the stream was held and flushed), or None."""
     if not gaps or server.step_s is None:
         return None
-    median = sorted(gaps)[len(gaps) // 2]
+    median = statistics.median(gaps)
     if median >= BURST_FRACTION * server.step_s:
         return None
     return (f"the stream arrived in bursts: median gap between chunks {1000 * median:.3g} ms, the server's own "
