@@ -12,7 +12,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Package, Profile, Target, Timeout, Url  # noqa: E402
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
 from rigstack.probes import bench  # noqa: E402
 
 app = typer.Typer(add_completion=False)
@@ -27,7 +27,7 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          fixed: Annotated[str, typer.Option(help="auto | ignore_eos | min_tokens | none")] = "auto",
          repeats: Annotated[int, typer.Option(help="passes over each prompt set")] = 1,
          warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
-         out: Annotated[Path, typer.Option(help="result stem: writes OUT.json and OUT.csv")] = Path("bench")) -> int:
+         out: Out = None) -> int:
     return bench.main(Target(url, model, api_key_env, profile, package, timeout), workload, max_tokens, fixed,
                       repeats, warmup, out)
 

@@ -12,7 +12,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Package, Profile, Target, Timeout, Url  # noqa: E402
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
 from rigstack.probes import conc  # noqa: E402
 
 app = typer.Typer(add_completion=False)
@@ -31,7 +31,7 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          interval: Annotated[float, typer.Option(help="seconds between /metrics samples")] = 0.5,
          seed: Annotated[int, typer.Option(help="seed of the Poisson schedule")] = 0,
          warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
-         out: Annotated[Path, typer.Option(help="result stem: OUT.json, OUT.csv, OUT.png")] = Path("conc")) -> int:
+         out: Out = None) -> int:
     return conc.main(Target(url, model, api_key_env, profile, package, timeout), levels, rates, requests, workload,
                      max_tokens, fixed, interval, seed, warmup, out)
 

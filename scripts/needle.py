@@ -12,7 +12,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Package, Profile, Target, Timeout, Url  # noqa: E402
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
 from rigstack.probes import needle  # noqa: E402
 
 app = typer.Typer(add_completion=False)
@@ -24,7 +24,7 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          lengths: Annotated[str, typer.Option(help="context lengths in tokens, comma-separated")] = "1024,4096,16384",
          depths: Annotated[str, typer.Option(help="needle depths 0..1, comma-separated")] = "0,0.25,0.5,0.75,1",
          seed: Annotated[int, typer.Option(help="seed of the planted codes")] = 0,
-         out: Annotated[Path, typer.Option(help="result stem: OUT.json, OUT.csv, OUT.png")] = Path("needle")) -> int:
+         out: Out = None) -> int:
     return needle.main(Target(url, model, api_key_env, profile, package, timeout),
                        [int(x) for x in lengths.split(",") if x.strip()],
                        [float(x) for x in depths.split(",") if x.strip()], seed, out)

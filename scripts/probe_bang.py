@@ -13,7 +13,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Package, Profile, Target, Timeout, Url  # noqa: E402
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
 from rigstack.probes import bang, swap  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
@@ -29,7 +29,7 @@ Tol = Annotated[float, typer.Option(help="nats above -ln(vocab) that still count
 def run(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
         timeout: Timeout = 1800.0, prompt: Prompt = [], max_tokens: MaxTokens = 8000, repeats: Repeats = 30,
         vocab_size: Vocab = None, tol: Tol = 0.01,
-        out: Annotated[Path, typer.Option(help="result stem: OUT.json and OUT.csv")] = Path("bang")) -> int:
+        out: Out = None) -> int:
     """Probe one running server."""
     return bang.main(Target(url, model, api_key_env, profile, package, timeout), prompt, max_tokens, repeats,
                      vocab_size, tol, out)
@@ -47,8 +47,7 @@ def swap_cmd(url: Url, model: Model,
              api_key_env: ApiKeyEnv = None, timeout: Timeout = 1800.0, prompt: Prompt = [],
              max_tokens: MaxTokens = 8000, repeats: Repeats = 30, vocab_size: Vocab = None, tol: Tol = 0.01,
              ready_timeout: Annotated[float, typer.Option(help="seconds to wait for each boot")] = 1800.0,
-             out: Annotated[Path, typer.Option(help="result stem: OUT-baseline.json, OUT-swapped.json")] =
-             Path("swap")) -> int:
+             out: Out = None) -> int:
     """Boot, probe and stop twice (baseline order, then two devices swapped); say whether the fault follows the card."""
     return swap.main(Target(url, model, api_key_env, profile, None, timeout), devices, swap_pair, serve_cmd,
                      dry_run, prompt, max_tokens, repeats, vocab_size, tol, ready_timeout, out)

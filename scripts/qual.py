@@ -12,7 +12,7 @@ import typer
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Package, Profile, Target, Timeout, Url  # noqa: E402
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
 from rigstack.probes import qual  # noqa: E402
 
 app = typer.Typer(add_completion=False)
@@ -23,7 +23,7 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          timeout: Timeout = 600.0,
          group: Annotated[list[str], typer.Option(help="arithmetic | json | agent; repeat; default all")] = [],
          max_tokens: Annotated[int, typer.Option(help="answer budget per item")] = 1024,
-         out: Annotated[Path, typer.Option(help="result stem: OUT.json and OUT.csv")] = Path("qual")) -> int:
+         out: Out = None) -> int:
     return qual.main(Target(url, model, api_key_env, profile, package, timeout), group, max_tokens, out)
 
 

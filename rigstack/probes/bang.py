@@ -16,8 +16,9 @@ from pathlib import Path
 
 from rigstack.client import Reply, Server
 from rigstack.errors import UserError
-from rigstack.probes.cli import Target, publish
-from rigstack.probes.results import Metric, Result, provenance
+from rigstack.probes.cli import Target, default_out, publish, requests_failed
+from rigstack.probes.measure import check_fits
+from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
 DEFAULT_PROMPT = ("Write a detailed technical report on the history of railway signalling, with numbered sections, "
                   "dates, and a table of the main systems.")
@@ -75,7 +76,9 @@ def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, 
     floor = -math.log(vocab) if vocab else None
     params = {"max_tokens": max_tokens, "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True,
               "ignore_eos": True}
-    batches = asyncio.run(_repeat(server, [{"prompt": prompt, **params} for prompt in prompts], repeats))
+    bodies = [{"prompt": prompt, **params} for prompt in prompts]
+    check_fits(server, card, max_tokens, bodies)
+    batches = asyncio.run(_repeat(server, bodies, repeats))
     if any(reply.ok and not reply.token_ids for replies in batches for reply in replies):
         raise UserError(f"{server.endpoint.base} returned no token ids (vLLM's return_tokens_as_token_ids); the "
                         "corruption probe needs them: point --url at a vLLM server")
@@ -101,26 +104,57 @@ def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, 
     if floor is None:
         notes.append("vocab size unknown (pass --vocab-size): only token id 0 was checked, not -ln(vocab)")
     divergent = sum(row["first_difference"] is not None for row in rows)
-    failed = sum(not row["ok"] for row in rows)
-    clean = not flags and not divergent and not failed and bool(samples)
-    notes.insert(0, "clean: all runs identical, nothing flagged" if clean else "CORRUPTION SUSPECTED")
+    failed = [row["error"] for row in rows if not row["ok"]]
+    suspect = bool(flags or divergent)
+    clean = not suspect and not failed and bool(samples)
+    # A failed request is a failure, never evidence of corruption: only answers that came back are judged.
+    if suspect:
+        verdict = "CORRUPTION SUSPECTED"
+    elif failed:
+        verdict = (f"NOT JUDGED: {len(failed)} of {len(rows)} requests failed ({failed[0]})" if samples
+                   else f"NOT JUDGED: every request failed ({failed[0]})")
+    else:
+        verdict = "clean: all runs identical, nothing flagged"
+    notes.insert(0, verdict)
+    notes[1:1] = failure_notes(failed)
     metrics = {"clean": Metric(value=float(clean), better="higher"),
                "flagged_tokens": Metric(value=len(flags), better="lower"),
                "divergent_runs": Metric(value=divergent, better="lower"),
-               "failed": Metric(value=failed, better="lower")}
+               "failed": Metric(value=len(failed), better="lower")}
     params = {**params, "repeats": repeats, "vocab_size": vocab, "logprob_floor": floor, "tol": tol,
               "prompt_sha256": [hashlib.sha256(prompt.encode()).hexdigest()[:16] for prompt in prompts]}
     return Result(kind="bang", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
                   notes=notes, samples=samples)
 
 
-def is_clean(result: Result) -> bool:
-    return result.metrics["clean"].value == 1.0
+def is_suspect(result: Result) -> bool:
+    """The answers that came back show corruption (flagged tokens or runs that diverge)."""
+    return bool(result.metrics["flagged_tokens"].value or result.metrics["divergent_runs"].value)
+
+
+def failures(result: Result, label: str) -> UserError | None:
+    """The error to raise when some of the result's requests failed, with the server's message."""
+    failed = [row for row in result.rows if not row["ok"]]
+    if not failed:
+        return None
+    return requests_failed(f"{len(failed)} of the {len(result.rows)} runs of {label} failed", failed[0]["error"])
+
+
+def exit_code(result: Result) -> int:
+    """2 when the answers that came back look corrupt; else a raised EXIT_FAILED error when requests failed (a
+    failure is never read as corruption); 0 when clean."""
+    if is_suspect(result):
+        return EXIT_CORRUPT
+    error = failures(result, "the probe")
+    if error:
+        raise error
+    return 0
 
 
 def main(target: Target, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
-         out: Path) -> int:
-    result = run_bang(target.server(), prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol,
-                      target.profile, target.package)
-    publish(result, out)
-    return 0 if is_clean(result) else EXIT_CORRUPT
+         out: Path | None) -> int:
+    server = target.server()
+    result = run_bang(server, prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol, target.profile,
+                      target.package)
+    publish(result, default_out("bang", out), server)
+    return exit_code(result)

@@ -11,21 +11,30 @@ from pathlib import Path
 
 from rigstack.client import Server
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, publish
-from rigstack.probes.results import Metric, Result, mean, provenance
+from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.results import Metric, Result, failure_notes, mean, provenance
 
 MIN_TOKENS_NOTE = ("output length pinned with min_tokens: the model is kept from stopping, which inflates "
                    "speculative acceptance (peers' note); prefer a server that accepts ignore_eos")
 IGNORE_EOS_NOTE = "output length pinned with ignore_eos: tokens past the model's own end count too"
 
 
-def _workload_row(name: str, timings: list[measure.Timing], spec: dict[str, float | None], max_tokens: int) -> dict:
+def _workload_row(name: str, timings: list[measure.Timing], before: dict[str, float] | None,
+                  after: dict[str, float] | None, max_tokens: int) -> dict:
     ok = [t for t in timings if t.ok]
-    decode_s = sum(t.decode_s or 0.0 for t in ok)
+    spec = measure.spec_acceptance(before, after)
+    server = measure.server_times(before, after)
+    client_rate = measure.decode_rate(ok)
+    # A decode rate on the client's clock stands only when the server's own clock agrees with it.
+    refuted = (measure.burst([gap for t in ok for gap in t.itl], server)
+               or measure.disagreement("decode", client_rate, server.decode_tok_s, "tok/s"))
     # Tokens per engine step from the drafter's counters (1 without one). Counting stream chunks would not do:
     # the server merges a lagging client's outputs into one chunk.
     per_step = spec["spec_mean_accepted_len"] or 1.0
-    decoded = sum(t.tokens - 1 for t in ok if t.tokens > 1)
+    if server.step_s is not None:  # the engine's own step time
+        ms_per_step = 1000 * server.step_s
+    else:
+        ms_per_step = 1000 / client_rate * per_step if client_rate and not refuted else None
     e2e = sum(t.e2e or 0.0 for t in ok)
     return {
         "workload": name,
@@ -33,11 +42,15 @@ def _workload_row(name: str, timings: list[measure.Timing], spec: dict[str, floa
         "failed": len(timings) - len(ok),
         "short": sum(1 for t in ok if t.tokens < max_tokens),
         "tokens": sum(t.tokens for t in ok),
-        "decode_tok_s": decoded / decode_s if decode_s else None,
+        "decode_tok_s": None if refuted else client_rate,
+        "server_decode_tok_s": server.decode_tok_s,
         "e2e_tok_s": sum(t.tokens for t in ok) / e2e if e2e else None,
         "ttft_ms": 1000 * mean([t.ttft for t in ok if t.ttft is not None]) if ok else None,
-        "ms_per_step": 1000 * decode_s / decoded * per_step if decoded else None,
+        "server_ttft_ms": measure.ms(server.ttft_s),
+        "ms_per_step": ms_per_step,
         "tokens_per_step": per_step,
+        "client_timing": measure.client_timing(refuted, server),
+        "first_error": next((t.error for t in timings if not t.ok), None),
         **spec,
     }
 
@@ -51,34 +64,46 @@ async def _bench(server: Server, sets: dict[str, list[str]], max_tokens: int, fi
             await server.request(session, "/v1/chat/completions", measure.chat_payload(first_prompt, max_tokens, fixed))
         rows = []
         for name, prompts in sets.items():
-            before = await measure.scrape(session)
+            before = await server.scrape(session)
             timings = []
             for _ in range(repeats):
                 for prompt in prompts:
                     reply = await server.request(session, "/v1/chat/completions",
                                                  measure.chat_payload(prompt, max_tokens, fixed))
                     timings.append(measure.timing(reply))
-            after = await measure.scrape(session)
-            rows.append(_workload_row(name, timings, measure.spec_acceptance(before, after), max_tokens))
+            after = await server.scrape(session)
+            rows.append(_workload_row(name, timings, before, after, max_tokens))
         params = measure.request_params(measure.chat_payload(first_prompt, max_tokens, fixed))
         return rows, fixed, params
 
 
 def run_bench(server: Server, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
               warmup: int, profile: str | None, package: Path | None) -> Result:
-    server.check_model()
+    card = server.check_model()
     sets = measure.workload_prompts(workloads)
+    measure.check_fits(server, card, max_tokens, [measure.chat_payload(prompt, max_tokens, "none")
+                                                  for prompts in sets.values() for prompt in prompts])
     rows, used, params = asyncio.run(_bench(server, sets, max_tokens, fixed, repeats, warmup))
     notes = {"min_tokens": [MIN_TOKENS_NOTE], "ignore_eos": [IGNORE_EOS_NOTE]}.get(used, [
         "output length not pinned: the server accepted neither ignore_eos nor min_tokens"])
+    notes += failure_notes(row["first_error"] for row in rows if row["first_error"])
     if any(row["short"] for row in rows):
         notes.append("some answers stopped before max_tokens; their tok/s still counts what was generated")
+    for row in rows:
+        if row["decode_tok_s"] is None and row["requests"] > row["failed"]:
+            server_rate = row["server_decode_tok_s"]
+            notes.append(f"{row['workload']}: decode tok/s not measured on the client: {row['client_timing']}"
+                         + (f"; the server's own decode rate is {server_rate:.4g} tok/s" if server_rate else ""))
+    if all(row["client_timing"] == measure.UNCHECKED for row in rows):
+        notes.append(measure.NO_TIMERS)
     if all(row["spec_acceptance_rate"] is None for row in rows):
         notes.append("no speculative decoding counters in /metrics")
     metrics: dict[str, Metric] = {}
     for row in rows:
         name = row["workload"]
         metrics[f"{name}.decode_tok_s"] = Metric(value=row["decode_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{name}.server_decode_tok_s"] = Metric(value=row["server_decode_tok_s"], better="higher",
+                                                        unit="tok/s")
         metrics[f"{name}.ms_per_step"] = Metric(value=row["ms_per_step"], better="lower", unit="ms")
         metrics[f"{name}.ttft_ms"] = Metric(value=row["ttft_ms"], better="lower", unit="ms")
         metrics[f"{name}.failed"] = Metric(value=row["failed"], better="lower")
@@ -90,7 +115,9 @@ def run_bench(server: Server, workloads: list[str], max_tokens: int, fixed: meas
 
 
 def main(target: Target, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
-         warmup: int, out: Path) -> int:
-    publish(run_bench(target.server(), workloads, max_tokens, fixed, repeats, warmup, target.profile,
-                      target.package), out)
-    return 0
+         warmup: int, out: Path | None) -> int:
+    server = target.server()
+    result = run_bench(server, workloads, max_tokens, fixed, repeats, warmup, target.profile, target.package)
+    publish(result, default_out("bench", out), server)
+    dead = [row for row in result.rows if row["failed"] == row["requests"]]
+    return fail_if_unmeasured([f"workload {row['workload']}" for row in dead], dead[0]["first_error"] if dead else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated
 
@@ -12,7 +13,13 @@ from rich.table import Table
 
 from rigstack.cli import console
 from rigstack.client import Endpoint, Server, api_key_from_env
-from rigstack.probes.results import Result, write_result
+from rigstack.errors import UserError
+from rigstack.probes.results import Result, redacted, write_result
+
+# The repository's results/ folder (git-ignored): a probe run never litters the working tree.
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+# Requests failed, so part of the probe measured nothing: distinct from a finding (2) and a user error (1).
+EXIT_FAILED = 4
 
 Url = Annotated[str, typer.Option("--url", help="OpenAI-compatible server, e.g. http://127.0.0.1:8000/v1")]
 Model = Annotated[str, typer.Option("--model", help="served model name (see GET /v1/models)")]
@@ -21,7 +28,9 @@ Profile = Annotated[str | None, typer.Option("--profile", help="profile the serv
 Package = Annotated[Path | None, typer.Option(
     "--package", help="the vllm package the server runs, for the stack hash (default: the importable vllm when "
                       "the server is local)")]
-Timeout = Annotated[float, typer.Option("--timeout", help="seconds per request")]
+Timeout = Annotated[float, typer.Option("--timeout", help="seconds per request (a deadline for the whole answer)")]
+Out = Annotated[Path | None, typer.Option(help="result stem: writes OUT.json, OUT.csv (and OUT.png for sweeps); "
+                                               "default results/KIND-<UTC time> in the repository")]
 
 
 @dataclass(frozen=True)
@@ -37,16 +46,36 @@ class Target:
         return Server(Endpoint(self.url, self.model, api_key_from_env(self.api_key_env)), self.timeout_s)
 
 
-def publish(result: Result, out: Path, plot: Callable[[Result, Path], None] | None = None) -> None:
-    """Write the result files and show its metrics and notes (on stderr: stdout stays free for pipes)."""
-    written = write_result(result, out, plot)
-    table = Table(title=f"{result.kind} @ {result.provenance.url} ({result.provenance.model})")
+def default_out(kind: str, out: Path | None) -> Path:
+    """--out, else a fresh stem in results/ (a timestamp per run, so an earlier result is never overwritten)."""
+    return out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+
+
+def publish(result: Result, out: Path, server: Server, plot: Callable[[Result, Path], None] | None = None) -> None:
+    """Write the result files and show its metrics and notes (on stderr: stdout stays free for pipes); the
+    server's credentials are blanked in everything written or shown."""
+    shown = redacted(result, server.endpoint.secrets)
+    written = write_result(shown, out, plot)
+    table = Table(title=f"{shown.kind} @ {shown.provenance.url} ({shown.provenance.model})")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, metric in result.metrics.items():
+    for name, metric in shown.metrics.items():
         value = "-" if metric.value is None else f"{metric.value:.4g} {metric.unit}".strip()
         table.add_row(name, value)
     console.print(table)
-    for note in result.notes:
-        console.print(f"note: {note}")
-    console.print("wrote " + ", ".join(str(path) for path in written))
+    for note in shown.notes:  # server text may hold brackets: never read as markup
+        console.print(f"note: {note}", markup=False)
+    console.print("wrote " + ", ".join(str(path) for path in written), markup=False)
+
+
+def requests_failed(what: str, error: str | None) -> UserError:
+    """The one-line error for failed requests, with the server's message; exit code EXIT_FAILED."""
+    return UserError(f"{what} ({error or 'no message'}); a failed request measures nothing (the result files "
+                     "list them)", exit_code=EXIT_FAILED)
+
+
+def fail_if_unmeasured(groups: list[str], error: str | None) -> int:
+    """0 when every group (workload, level, ...) got at least one answer; else raise requests_failed."""
+    if groups:
+        raise requests_failed(f"every request of {', '.join(groups)} failed", error)
+    return 0

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from collections import Counter
 from pathlib import Path
 
 import httpx
@@ -19,8 +18,8 @@ import httpx
 from rigstack.client import Reply, Server
 from rigstack.errors import UserError
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, publish
-from rigstack.probes.results import Metric, Result, mean, percentiles, provenance
+from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.results import Metric, Result, failure_notes, mean, percentiles, provenance
 
 CHAT = "/v1/chat/completions"
 
@@ -31,20 +30,22 @@ class _Level:
     def __init__(self) -> None:
         self.replies: list[Reply] = []
         self.samples: list[tuple[float, float]] = []  # (perf_counter, generation-token counter)
+        self.counters: list[dict[str, float]] = []  # every counter, at the first and the latest sample
         self.start = 0.0
         self.end = 0.0
 
 
-async def _sample_counter(session: httpx.AsyncClient, level: _Level, interval_s: float, stop: asyncio.Event,
-                          primed: asyncio.Event) -> None:
+async def _sample_counter(server: Server, session: httpx.AsyncClient, level: _Level, interval_s: float,
+                          stop: asyncio.Event, primed: asyncio.Event) -> None:
     """One sample before the first request (primed tells the level to start), then every interval, and one after
     the level's last reply."""
     while True:
-        counters = await measure.scrape(session)
+        counters = await server.scrape(session)
         primed.set()
         if counters is None or measure.GENERATION_TOKENS not in counters:
             return  # no counter: no server-side numbers for this level
         level.samples.append((time.perf_counter(), counters[measure.GENERATION_TOKENS]))
+        level.counters[1:] = [counters]
         if stop.is_set():
             return
         try:
@@ -74,15 +75,44 @@ def _row(label: str, value: float, level: _Level, streams: int | None) -> dict:
     row: dict = {label: value, "requests": len(timings), "ok": len(ok), "failed": len(timings) - len(ok),
                  "output_tokens": sum(t.tokens for t in ok),
                  "prompt_tokens": sum(t.prompt_tokens or 0 for t in ok), "wall_s": wall}
-    for name, values in (("ttft_ms", [t.ttft for t in ok]), ("tpot_ms", [t.tpot for t in ok]),
-                         ("itl_ms", [gap for t in ok for gap in t.itl]), ("e2e_ms", [t.e2e for t in ok])):
+    first, last = (level.counters[0], level.counters[-1]) if level.counters else (None, None)
+    server = measure.server_times(first, last)
+    gaps = [gap for t in ok for gap in t.itl]
+    per_stream = measure.decode_rate(ok)
+    tpot = mean([t.tpot for t in ok if t.tpot is not None])
+    # The steady-state window is picked by the client's chunk times, so it stands or falls with them.
+    steady = _steady_tok_s(level, streams) if streams else None
+    # Client-side decode times stand only when the server's own clock agrees (seed: a burst gave 0.07 ms TPOT).
+    # A burst voids everything timed by chunk arrivals; otherwise each number is checked on its own.
+    burst = measure.burst(gaps, server)
+    refuted = {
+        "ITL": burst,
+        "TPOT": burst or measure.disagreement("TPOT", measure.ms(tpot), measure.ms(server.tpot_s), "ms"),
+        "per-stream tok/s": burst or measure.disagreement("per-stream decode", per_stream, server.decode_tok_s,
+                                                          "tok/s"),
+        # While every stream decodes no prefill slows the steps, so steady-state may beat streams x the server's
+        # per-stream rate (which counts prefill-slowed steps), but it never falls far below it.
+        "steady-state tok/s": burst or measure.shortfall(
+            "steady-state", steady, streams * server.decode_tok_s if streams and server.decode_tok_s else None,
+            "tok/s"),
+    }
+    row["client_timing"] = measure.client_timing("; ".join(dict.fromkeys(why for why in refuted.values() if why)),
+                                                 server)
+    row["not_measured"] = ", ".join(name for name, why in refuted.items() if why)
+    for name, values, why in (("ttft_ms", [t.ttft for t in ok], None),
+                              ("tpot_ms", [t.tpot for t in ok], refuted["TPOT"]),
+                              ("itl_ms", gaps, refuted["ITL"]), ("e2e_ms", [t.e2e for t in ok], None)):
         for point, number in percentiles([1000 * v for v in values if v is not None]).items():
-            row[f"{name}_{point}"] = number
-    row["aggregate_tok_s"] = row["output_tokens"] / wall if wall > 0 else None
-    row["per_stream_tok_s"] = mean([t.decode_tok_s for t in ok if t.decode_tok_s is not None])
-    server_tokens = level.samples[-1][1] - level.samples[0][1] if len(level.samples) > 1 else None
-    row["server_tokens"] = server_tokens
-    row["steady_tok_s"] = _steady_tok_s(level, streams) if streams else None
+            row[f"{name}_{point}"] = None if why else number
+    row["server_tpot_ms"] = measure.ms(server.tpot_s)
+    row["server_step_ms"] = measure.ms(server.step_s)
+    row["server_ttft_ms"] = measure.ms(server.ttft_s)
+    row["aggregate_tok_s"] = row["output_tokens"] / wall if wall > 0 and ok else None
+    row["per_stream_tok_s"] = None if refuted["per-stream tok/s"] else per_stream
+    row["server_per_stream_tok_s"] = server.decode_tok_s
+    row["server_tokens"] = level.samples[-1][1] - level.samples[0][1] if len(level.samples) > 1 else None
+    row["steady_tok_s"] = None if refuted["steady-state tok/s"] else steady
+    row["first_error"] = next((t.error for t in timings if not t.ok), None)
     return row
 
 
@@ -96,7 +126,7 @@ async def _closed_level(server: Server, session: httpx.AsyncClient, streams: int
             level.replies.append(await server.request(session, CHAT, payloads[index % len(payloads)]))
 
     primed = asyncio.Event()
-    sampler = asyncio.create_task(_sample_counter(session, level, interval_s, stop, primed))
+    sampler = asyncio.create_task(_sample_counter(server, session, level, interval_s, stop, primed))
     await primed.wait()
     level.start = time.perf_counter()
     await asyncio.gather(*(stream() for _ in range(streams)))
@@ -119,7 +149,7 @@ async def _open_level(server: Server, session: httpx.AsyncClient, rate: float, r
         arrivals.append(clock)
         clock += rng.expovariate(rate)
     primed = asyncio.Event()
-    sampler = asyncio.create_task(_sample_counter(session, level, interval_s, stop, primed))
+    sampler = asyncio.create_task(_sample_counter(server, session, level, interval_s, stop, primed))
     await primed.wait()
     level.start = time.perf_counter()
     await asyncio.gather(*(one(i, at) for i, at in enumerate(arrivals)))
@@ -149,8 +179,10 @@ def run_conc(server: Server, levels: list[int], rates: list[float], requests: in
              fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, profile: str | None,
              package: Path | None) -> Result:
     """levels: closed-loop stream counts; rates: open-loop requests/s. requests: per level (0 = 4 per stream)."""
-    server.check_model()
+    card = server.check_model()
     prompts = measure.workload_prompts([workload])[workload]
+    measure.check_fits(server, card, max_tokens,
+                       [measure.chat_payload(prompt, max_tokens, "none") for prompt in prompts])
 
     async def resolve() -> measure.FixedLength:
         async with server.session(connections=2) as session:
@@ -159,27 +191,38 @@ def run_conc(server: Server, levels: list[int], rates: list[float], requests: in
     used = asyncio.run(resolve())
     payloads = [measure.chat_payload(prompt, max_tokens, used) for prompt in prompts]
     done = asyncio.run(_run(server, levels, rates, requests, payloads, interval_s, seed, warmup))
-    rows, metrics, errors = [], {}, Counter()
+    rows, metrics, errors = [], {}, []
     for closed, value, level in done:
-        row = _row("concurrency" if closed else "rate", value, level, int(value) if closed else None)
-        row["mode"] = "closed" if closed else "open"
-        rows.append(row)
-        errors.update(reply.error for reply in level.replies if not reply.ok)
         key = f"c{int(value)}" if closed else f"r{value:g}"
+        row = {"level": key, **_row("concurrency" if closed else "rate", value, level, int(value) if closed else None),
+               "mode": "closed" if closed else "open"}
+        rows.append(row)
+        errors += [reply.error for reply in level.replies if not reply.ok]
         metrics[f"{key}.aggregate_tok_s"] = Metric(value=row["aggregate_tok_s"], better="higher", unit="tok/s")
         metrics[f"{key}.steady_tok_s"] = Metric(value=row["steady_tok_s"], better="higher", unit="tok/s")
         metrics[f"{key}.per_stream_tok_s"] = Metric(value=row["per_stream_tok_s"], better="higher", unit="tok/s")
+        metrics[f"{key}.server_per_stream_tok_s"] = Metric(value=row["server_per_stream_tok_s"], better="higher",
+                                                           unit="tok/s")
         metrics[f"{key}.ttft_ms_p50"] = Metric(value=row["ttft_ms_p50"], better="lower", unit="ms")
         metrics[f"{key}.tpot_ms_p50"] = Metric(value=row["tpot_ms_p50"], better="lower", unit="ms")
+        metrics[f"{key}.server_tpot_ms"] = Metric(value=row["server_tpot_ms"], better="lower", unit="ms")
         metrics[f"{key}.failed"] = Metric(value=row["failed"], better="lower")
-    notes = [f"{count} failed: {error}" for error, count in errors.most_common(5)]
+    notes = failure_notes(errors)
+    for row in rows:
+        if row["ok"] and row["not_measured"]:
+            notes.append(f"{row['level']}: {row['not_measured']} not measured on the client: {row['client_timing']}"
+                         + (f"; the server's own TPOT is {row['server_tpot_ms']:.4g} ms, per-stream "
+                            f"{row['server_per_stream_tok_s']:.4g} tok/s" if row["server_per_stream_tok_s"] else ""))
     if any(row["server_tokens"] is None for row in rows):
         notes.append("no vllm:generation_tokens counter in /metrics: server-side and steady-state numbers missing")
     else:
-        short = [f"c{row['concurrency']}" for row in rows if row["mode"] == "closed" and row["steady_tok_s"] is None]
+        short = [row["level"] for row in rows if row["mode"] == "closed" and row["steady_tok_s"] is None
+                 and "steady" not in row["not_measured"]]
         if short:
             notes.append(f"{', '.join(short)}: no /metrics interval with every stream decoding; raise --max-tokens "
                          "or lower --interval for a steady-state number")
+    if all(row["client_timing"] == measure.UNCHECKED for row in rows):
+        notes.append(measure.NO_TIMERS)
     params = {**measure.request_params(payloads[0]), "fixed_length": used, "levels": levels, "rates": rates,
               "requests_per_level": requests, "workload": workload, "metrics_interval_s": interval_s, "seed": seed,
               "warmup": warmup}
@@ -226,11 +269,13 @@ def parse_list(text: str, kind: type, option: str) -> list:
 
 
 def main(target: Target, levels: str, rates: str, requests: int, workload: str, max_tokens: int,
-         fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, out: Path) -> int:
+         fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, out: Path | None) -> int:
     """levels/rates as typed on the command line; levels default to 1,2,4,8 when neither is given."""
     rate_list = parse_list(rates, float, "--rates")
     level_list = parse_list(levels or ("" if rate_list else "1,2,4,8"), int, "--levels")
-    result = run_conc(target.server(), level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
+    server = target.server()
+    result = run_conc(server, level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
                       warmup, target.profile, target.package)
-    publish(result, out, plot_conc)
-    return 0
+    publish(result, default_out("conc", out), server, plot_conc)
+    dead = [row for row in result.rows if not row["ok"]]
+    return fail_if_unmeasured([row["level"] for row in dead], dead[0]["first_error"] if dead else None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any, Literal
 
 import httpx
 
-from rigstack.client import START_HINT, Reply, Server, parse_prometheus
+from rigstack.client import START_HINT, Reply, Server
 from rigstack.errors import UserError
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -22,6 +23,18 @@ GENERATION_TOKENS = "vllm:generation_tokens_total"
 SPEC_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+# vLLM's timing histograms (each exports NAME_sum and NAME_count). The inter-token latency is taken on the engine's
+# clock, one observation per engine step of a request, so its mean is the server's own step time.
+STEP = "vllm:inter_token_latency_seconds"
+TPOT = "vllm:request_time_per_output_token_seconds"
+DECODE = "vllm:request_decode_time_seconds"
+TTFT = "vllm:time_to_first_token_seconds"
+
+# A client-side time is a measurement only when it agrees with the server's own clock. "Far below the server's
+# step" is a tenth of it: chunks that close together were held and flushed at once (the tiny CPU server sends
+# 246 chunks within 23 ms after about 1 s), so client-side decode rates and gaps would divide by almost nothing.
+BURST_FRACTION = 0.1
+AGREE_WITHIN = 0.25  # relative difference up to which a client rate and the server's agree
 
 
 @cache
@@ -70,6 +83,30 @@ async def resolve_fixed_length(server: Server, session: httpx.AsyncClient, fixed
     return "none"
 
 
+def max_model_len(card: dict[str, Any]) -> int | None:
+    """The context the server serves, from its /v1/models card (vLLM puts it there), None when it does not say."""
+    value = card.get("max_model_len")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_fits(server: Server, card: dict[str, Any], max_tokens: int, bodies: list[dict[str, Any]]) -> None:
+    """Up front, before anything is timed: a request that cannot fit the server's context only comes back as
+    HTTP 400. bodies are the requests (messages and tools, or a prompt); the server's tokenizer counts them."""
+    limit = max_model_len(card)
+    if limit is None:
+        return
+    counts = [server.chat_tokens(body["messages"], body.get("tools")) if "messages" in body
+              else server.tokenize(body["prompt"], special=True) for body in bodies]
+    prompt = max((count or 0 for count in counts), default=0)
+    if max_tokens + prompt <= limit:
+        return
+    room = limit - prompt
+    fix = (f"pass --max-tokens {room} or less" if room > 0
+           else "use a shorter prompt, or a server started with a larger --max-model-len")
+    raise UserError(f"--max-tokens {max_tokens} does not fit the server: its max_model_len is {limit} and the "
+                    f"longest prompt takes {prompt} tokens; {fix}")
+
+
 @dataclass(frozen=True)
 class Timing:
     """One request's numbers, in seconds; None where the request gave too little to say."""
@@ -84,11 +121,13 @@ class Timing:
     itl: tuple[float, ...]  # gaps between output chunks (a chunk may carry several tokens)
     decode_s: float | None  # first output chunk to last
 
-    @property
-    def decode_tok_s(self) -> float | None:
-        if not self.decode_s or self.tokens < 2:
-            return None
-        return (self.tokens - 1) / self.decode_s
+
+def decode_rate(timings: list[Timing]) -> float | None:
+    """Decoded tokens (each request's first excluded) over decoding time, summed over the requests: the server's
+    own definition, so the two compare like for like (a mean of per-request rates would favour short bursts)."""
+    spans = [t for t in timings if t.ok and t.decode_s and t.tokens > 1]
+    seconds = sum(t.decode_s or 0.0 for t in spans)
+    return sum(t.tokens - 1 for t in spans) / seconds if seconds else None
 
 
 def timing(reply: Reply) -> Timing:
@@ -100,15 +139,6 @@ def timing(reply: Reply) -> Timing:
                   ttft=reply.ttft if reply.ok else None, e2e=reply.e2e if reply.ok else None, tpot=tpot,
                   itl=tuple(b - a for a, b in zip(times, times[1:])) if reply.ok else (),
                   decode_s=decode_s if reply.ok else None)
-
-
-async def scrape(session: httpx.AsyncClient) -> dict[str, float] | None:
-    """The server's counters now, or None when it has no /metrics (or it failed: counters are optional)."""
-    try:
-        response = await session.get("/metrics")
-    except httpx.TransportError:
-        return None
-    return parse_prometheus(response.text) if response.status_code == 200 else None
 
 
 def delta(before: dict[str, float] | None, after: dict[str, float] | None, name: str) -> float | None:
@@ -126,3 +156,74 @@ def spec_acceptance(before: dict[str, float] | None, after: dict[str, float] | N
         return {"spec_acceptance_rate": None, "spec_mean_accepted_len": None}
     return {"spec_acceptance_rate": accepted / drafted if drafted else None,
             "spec_mean_accepted_len": 1.0 + accepted / drafts}
+
+
+@dataclass(frozen=True)
+class ServerTimes:
+    """What the server's own counters say about an interval (deltas of /metrics); None where it has no counter
+    or the interval held no observation."""
+
+    tokens: float | None
+    step_s: float | None  # mean engine step between two outputs of a request
+    tpot_s: float | None  # mean over requests of decode time / (tokens - 1)
+    ttft_s: float | None
+    decode_tok_s: float | None  # one stream's decode rate: decoded tokens (first excluded) / decode time
+
+    @property
+    def timed(self) -> bool:
+        return self.step_s is not None
+
+
+def ms(seconds: float | None) -> float | None:
+    return 1000 * seconds if seconds is not None else None
+
+
+def _histogram_mean(before: dict[str, float] | None, after: dict[str, float] | None, name: str) -> float | None:
+    total, count = delta(before, after, f"{name}_sum"), delta(before, after, f"{name}_count")
+    return total / count if total is not None and count else None
+
+
+def server_times(before: dict[str, float] | None, after: dict[str, float] | None) -> ServerTimes:
+    decode_s, requests = delta(before, after, f"{DECODE}_sum"), delta(before, after, f"{DECODE}_count")
+    tokens = delta(before, after, GENERATION_TOKENS)
+    decode_tok_s = (tokens - requests) / decode_s if decode_s and requests and tokens is not None else None
+    return ServerTimes(tokens=tokens, step_s=_histogram_mean(before, after, STEP),
+                       tpot_s=_histogram_mean(before, after, TPOT), ttft_s=_histogram_mean(before, after, TTFT),
+                       decode_tok_s=decode_tok_s)
+
+
+def burst(gaps: list[float], server: ServerTimes) -> str | None:
+    """Why the client's chunk times cannot time decoding (the stream was held and flushed), or None."""
+    if not gaps or server.step_s is None:
+        return None
+    median = statistics.median(gaps)
+    if median >= BURST_FRACTION * server.step_s:
+        return None
+    return (f"the stream arrived in bursts: median gap between chunks {1000 * median:.3g} ms, the server's own "
+            f"step {1000 * server.step_s:.3g} ms")
+
+
+def disagreement(name: str, client: float | None, server: float | None, unit: str) -> str | None:
+    """Why a client-side number is refuted by the server's, or None when they agree (or either is missing)."""
+    if client is None or server is None or abs(client - server) <= AGREE_WITHIN * abs(server):
+        return None
+    return f"{name} {client:.4g} {unit} on the client's clock, {server:.4g} {unit} on the server's"
+
+
+def shortfall(name: str, client: float | None, floor: float | None, unit: str) -> str | None:
+    """Why a client-side number is refuted by falling well below what the server's counters make a floor."""
+    if client is None or floor is None or client >= (1 - AGREE_WITHIN) * floor:
+        return None
+    return f"{name} {client:.4g} {unit} on the client's clock, below the {floor:.4g} {unit} the server's imply"
+
+
+AGREES, UNCHECKED = "agrees with the server", "not cross-checked"
+
+
+def client_timing(refuted: str | None, server: ServerTimes) -> str:
+    """The row's verdict on its client-side times: why they were refuted, or whether they were checked."""
+    return refuted or (AGREES if server.timed else UNCHECKED)
+
+
+NO_TIMERS = ("not cross-checked with the server: its /metrics has no vLLM timing histograms "
+             f"({STEP}, {DECODE}), so client-side rates stand on the client's clock alone")

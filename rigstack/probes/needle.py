@@ -12,8 +12,9 @@ from pathlib import Path
 
 from rigstack.client import Server
 from rigstack.errors import UserError
-from rigstack.probes.cli import Target, publish
-from rigstack.probes.results import Metric, Result, provenance
+from rigstack.probes import measure
+from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
 # Bland, varied filler: the needle must not be the only sentence with a number in it.
 FILLER = (
@@ -74,7 +75,12 @@ def run_needle(server: Server, lengths: list[int], depths: list[float], seed: in
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
     if bad:
         raise UserError(f"depth {bad[0]} is outside 0..1; pass --depths like 0,0.25,0.5,0.75,1")
-    max_model_len = card.get("max_model_len")
+    max_model_len = measure.max_model_len(card)
+    too_long = [length for length in lengths if max_model_len is not None and length + ANSWER_TOKENS > max_model_len]
+    if too_long and len(too_long) == len(lengths):
+        raise UserError(f"no --lengths fit the server: its max_model_len is {max_model_len} and each cell needs "
+                        f"its length plus {ANSWER_TOKENS} answer tokens; pass --lengths up to "
+                        f"{max_model_len - ANSWER_TOKENS}")
     sample = " ".join(FILLER)
     counted = server.tokenize(sample)
     # Without /tokenize, about 4 characters per token is the usual English rate; prompt_tokens shows the truth.
@@ -88,6 +94,10 @@ def run_needle(server: Server, lengths: list[int], depths: list[float], seed: in
     metrics = {"passed": Metric(value=passed, better="higher"), "tried": Metric(value=tried, better="equal"),
                "errors": Metric(value=sum(row["status"] == "error" for row in rows), better="lower")}
     notes = [f"{passed} of {tried} cells passed"]
+    if too_long:
+        notes.append(f"lengths {', '.join(map(str, too_long))} skipped: they do not fit the server's max_model_len "
+                     f"{max_model_len} (plus {ANSWER_TOKENS} answer tokens)")
+    notes += failure_notes(row["answer"] for row in rows if row["status"] == "error")
     if counted is None:
         notes.append("server has no /tokenize: lengths estimated at 4 characters per token")
     params = {"lengths": lengths, "depths": depths, "seed": seed, "max_tokens": ANSWER_TOKENS, "temperature": 0.0,
@@ -121,6 +131,10 @@ def plot_needle(result: Result, path: Path) -> None:
     plt.close(fig)
 
 
-def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path) -> int:
-    publish(run_needle(target.server(), lengths, depths, seed, target.profile, target.package), out, plot_needle)
-    return 0
+def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path | None) -> int:
+    server = target.server()
+    result = run_needle(server, lengths, depths, seed, target.profile, target.package)
+    publish(result, default_out("needle", out), server, plot_needle)
+    tried = [row for row in result.rows if row["status"] != "skipped"]
+    dead = bool(tried) and all(row["status"] == "error" for row in tried)
+    return fail_if_unmeasured(["the needle grid"] if dead else [], tried[0]["answer"] if dead else None)

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from rigstack.client import Reply, Server
-from rigstack.probes.cli import Target, publish
-from rigstack.probes.results import Metric, Result, provenance
+from rigstack.probes import measure
+from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
 Check = Callable[[Reply], str | None]  # None = pass, else why it failed
 
@@ -186,7 +187,8 @@ def score(items: tuple[Item, ...], replies: list[Reply]) -> list[dict[str, Any]]
     rows = []
     for item, reply in zip(items, replies):
         why = reply.error if not reply.ok else item.check(reply)
-        rows.append({"item": item.name, "group": item.group, "pass": why is None, "why": why or "",
+        rows.append({"item": item.name, "group": item.group, "answered": reply.ok, "pass": why is None,
+                     "why": why or "",
                      "answer": (reply.text or reply.reasoning)[:120],
                      "tool_calls": json.dumps([call["function"] for call in reply.tool_calls])[:200]})
     return rows
@@ -194,19 +196,26 @@ def score(items: tuple[Item, ...], replies: list[Reply]) -> list[dict[str, Any]]
 
 def run_qual(server: Server, groups: list[str], max_tokens: int, profile: str | None,
              package: Path | None) -> Result:
-    server.check_model()
+    card = server.check_model()
     items = tuple(item for item in ITEMS if not groups or item.group in groups)
-    rows = score(items, asyncio.run(_ask_all(server, items, max_tokens)))
+    measure.check_fits(server, card, max_tokens, [item.payload for item in items])
+    replies = asyncio.run(_ask_all(server, items, max_tokens))
+    rows = score(items, replies)
     passed = sum(row["pass"] for row in rows)
     metrics = {"passed": Metric(value=passed, better="higher"), "items": Metric(value=len(rows), better="equal")}
     for group in sorted({item.group for item in items}):
         metrics[f"{group}.passed"] = Metric(value=sum(r["pass"] for r in rows if r["group"] == group),
                                             better="higher")
     params = {"temperature": 0.0, "max_tokens": max_tokens, "groups": groups or "all"}
+    notes = [f"{passed} of {len(rows)} items passed", *failure_notes(r.error for r in replies if not r.ok)]
     return Result(kind="qual", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
-                  notes=[f"{passed} of {len(rows)} items passed"])
+                  notes=notes)
 
 
-def main(target: Target, groups: list[str], max_tokens: int, out: Path) -> int:
-    publish(run_qual(target.server(), groups, max_tokens, target.profile, target.package), out)
-    return 0
+def main(target: Target, groups: list[str], max_tokens: int, out: Path | None) -> int:
+    server = target.server()
+    result = run_qual(server, groups, max_tokens, target.profile, target.package)
+    publish(result, default_out("qual", out), server)
+    failed = [row for row in result.rows if not row["answered"]]
+    dead = bool(failed) and len(failed) == len(result.rows)
+    return fail_if_unmeasured(["the quality items"] if dead else [], failed[0]["why"] if dead else None)

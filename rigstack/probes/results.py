@@ -12,7 +12,8 @@ import json
 import os
 import platform
 import sys
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Literal
@@ -21,7 +22,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import rigstack
-from rigstack.client import Endpoint, Server
+from rigstack.client import Endpoint, Server, redact
 from rigstack.errors import UserError
 from rigstack.stamp import read_stamp
 
@@ -91,7 +92,7 @@ def provenance(server: Server, profile: str | None, package: Path | None, params
     return Provenance(url=endpoint.base, model=endpoint.model, profile=profile, server_version=server.version(),
                       package=str(found) if found else None, stack_hash=stamp.stack_hash if stamp else None,
                       patches=stamp.patch_ids if stamp else (), vllm_version=stamp.vllm_version if stamp else None,
-                      argv=tuple(sys.argv), params=params)
+                      argv=endpoint.redact(tuple(sys.argv)), params=params)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -110,6 +111,11 @@ def rows_csv(rows: list[dict[str, Any]]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def redacted(result: Result, secrets: tuple[str, ...]) -> Result:
+    """The result with every secret blanked, wherever a server's echo or the command line put it."""
+    return Result.model_validate(redact(result.model_dump(mode="json"), secrets)) if secrets else result
 
 
 def write_result(result: Result, out: Path, plot: Callable[[Result, Path], None] | None = None) -> list[Path]:
@@ -165,3 +171,8 @@ def percentiles(values: list[float], points: tuple[int, ...] = (50, 90, 99)) -> 
 
 def mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def failure_notes(errors: Iterable[str | None]) -> list[str]:
+    """The five commonest failure messages with their counts, for the notes."""
+    return [f"{count} failed: {error}" for error, count in Counter(errors).most_common(5)]

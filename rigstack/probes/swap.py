@@ -12,14 +12,14 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigstack import launch
+from rigstack import launch, render
 from rigstack.cli import console
 from rigstack.client import Server
 from rigstack.errors import UserError
-from rigstack.probes.bang import DEFAULT_PROMPT, is_clean, run_bang
-from rigstack.probes.cli import Target, publish
+from rigstack.probes.bang import DEFAULT_PROMPT, failures, is_suspect, run_bang
+from rigstack.probes.cli import Target, default_out, publish
 from rigstack.probes.results import Result
-from rigstack.profiles import load_profile
+from rigstack.profiles import load_profile, model_dir
 
 
 @dataclass(frozen=True)
@@ -66,8 +66,9 @@ def verdict(plan: SwapPlan, baseline_clean: bool, swapped_clean: bool) -> str:
             "swap it with a spare (a device outside --devices) to decide")
 
 
-def serve_argv(serve_cmd: str | None, profile: str | None) -> tuple[list[str], dict[str, str]]:
-    """The foreground server command: given literally, or rendered from a host profile."""
+def serve_argv(serve_cmd: str | None, profile: str | None, build: bool = True) -> tuple[list[str], dict[str, str]]:
+    """The foreground server command: given literally, or rendered from a host profile (a locally built model is
+    built first unless `build` is False, as for a dry run, which only names where it will be)."""
     if serve_cmd:
         return shlex.split(serve_cmd), {}
     if not profile:
@@ -76,8 +77,11 @@ def serve_argv(serve_cmd: str | None, profile: str | None) -> tuple[list[str], d
     if loaded.image:
         raise UserError(f"profile {profile} runs in a container, where CUDA_VISIBLE_DEVICES is set by docker; "
                         "pass the in-container command with --serve-cmd instead")
-    argv, env, _ = launch.planned_command(loaded, None)
-    return argv, env
+    if loaded.parallel.replicas > 1:
+        raise UserError(f"profile {profile} starts {loaded.parallel.replicas} replicas, and the swap probes one "
+                        "server; pass that replica's command with --serve-cmd")
+    command = render.serve_command(loaded, model=model_dir(loaded.model, build=build))
+    return command.argv, command.env
 
 
 def describe(plan: SwapPlan, argv: list[str], env: dict[str, str], url: str) -> list[str]:
@@ -93,8 +97,8 @@ def describe(plan: SwapPlan, argv: list[str], env: dict[str, str], url: str) -> 
 
 def run_swap(plan: SwapPlan, argv: list[str], env: dict[str, str], server: Server, prompts: list[str],
              max_tokens: int, repeats: int, vocab_size: int | None, tol: float, ready_timeout_s: float,
-             run_root: Path) -> tuple[str, list[Result]]:
-    """Boot, probe and stop once per order; the verdict and both probe results."""
+             run_root: Path) -> list[Result]:
+    """Boot, probe and stop once per order; both probe results."""
     results = []
     for label, order in plan.orders:
         run_dir = run_root / f"swap-{label}"
@@ -105,22 +109,30 @@ def run_swap(plan: SwapPlan, argv: list[str], env: dict[str, str], server: Serve
             results.append(run_bang(server, prompts, max_tokens, repeats, vocab_size, tol, None, None))
         finally:
             launch.stop(run_dir)
-    return verdict(plan, is_clean(results[0]), is_clean(results[1])), results
+    return results
 
 
 def main(target: Target, devices: str, swap: str, serve_cmd: str | None, dry_run: bool, prompts: list[str],
          max_tokens: int, repeats: int, vocab_size: int | None, tol: float, ready_timeout_s: float,
-         out: Path) -> int:
+         out: Path | None) -> int:
     plan = make_plan(devices, swap)
-    argv, env = serve_argv(serve_cmd, target.profile)
+    argv, env = serve_argv(serve_cmd, target.profile, build=not dry_run)
     for line in describe(plan, argv, env, target.url):
         console.print(line, markup=False)
     if dry_run:
         console.print("dry run: nothing started")
         return 0
-    found, results = run_swap(plan, argv, env, target.server(), prompts or [DEFAULT_PROMPT], max_tokens, repeats,
-                              vocab_size, tol, ready_timeout_s, out.resolve().parent)
+    out = default_out("swap", out)
+    server = target.server()
+    results = run_swap(plan, argv, env, server, prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol,
+                       ready_timeout_s, out.resolve().parent)
     for (label, _), result in zip(plan.orders, results):
-        publish(result, out.with_name(f"{out.name}-{label}"))
-    console.print(f"verdict: {found}")
+        publish(result, out.with_name(f"{out.name}-{label}"), server)
+    # A run whose requests failed proves nothing either way: say so rather than read it as a fault.
+    for (label, _), result in zip(plan.orders, results):
+        error = failures(result, f"the {label} run")
+        if error and not is_suspect(result):
+            raise error
+    console.print(f"verdict: {verdict(plan, not is_suspect(results[0]), not is_suspect(results[1]))}",
+                  markup=False)
     return 0

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from rigstack.client import parse_prometheus
-from tests.probes.helpers import last_line, run_script
+from tests.probes.helpers import ROOT, last_line, run_script
 
 DEAD = "http://127.0.0.1:9/v1"  # port 9 (discard) is never served here
 
@@ -55,3 +57,21 @@ def test_prometheus_sums_label_sets() -> None:
             'vllm:generation_tokens_total{engine="1",model_name="a b"} 5.0\n'
             'vllm:num_requests_running{engine="0"} 2.0\n')
     assert parse_prometheus(text) == {"vllm:generation_tokens_total": 15.0, "vllm:num_requests_running": 2.0}
+
+
+def test_results_default_to_the_results_folder(tmp_path: Path, fake_server) -> None:
+    """Without --out nothing lands in the working folder: results/ (git-ignored) gets a fresh stem per run."""
+    process = run_script("bench.py", "--url", fake_server(), "--model", "fake", "--workload", "code", cwd=tmp_path)
+    assert process.returncode == 0, process.stderr
+    wrote = re.search(r"wrote (\S+\.json), (\S+\.csv)", last_line(process))
+    assert wrote, process.stderr
+    written = [Path(path) for path in wrote.groups()]
+    try:
+        assert all(path.parent == ROOT / "results" and path.name.startswith("bench-") for path in written)
+        assert json.loads(written[0].read_text())["kind"] == "bench" and written[1].is_file()
+        assert not list(tmp_path.iterdir())
+        ignored = subprocess.run(["git", "check-ignore", "-q", str(written[0])], cwd=ROOT)
+        assert ignored.returncode == 0  # git status stays clean
+    finally:
+        for path in written:
+            path.unlink(missing_ok=True)

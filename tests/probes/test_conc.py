@@ -11,10 +11,12 @@ from tests.probes.helpers import last_line, run_script
 
 
 def test_errors_mid_sweep_are_counted(tmp_path: Path, fake_server) -> None:
+    """Level 2 measured nothing: the sweep still finishes and writes everything, then exits 4 saying why."""
     url = fake_server("--ok", "5")  # warm-up + the 4 requests of level 1 succeed, then HTTP 500
     process = run_script("conc.py", "--url", url, "--model", "fake", "--levels", "1,2", "--requests", "4",
                          "--fixed", "none", "--out", str(tmp_path / "c"))
-    assert process.returncode == 0, process.stderr
+    assert process.returncode == 4, process.stderr
+    assert "error: every request of c2 failed (HTTP 500: engine dead (fake))" in last_line(process)
     result = json.loads((tmp_path / "c.json").read_text())
     ok, bad = result["rows"]
     assert (ok["concurrency"], ok["ok"], ok["failed"], ok["output_tokens"]) == (1, 4, 0, 16)

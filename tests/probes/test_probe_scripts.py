@@ -6,8 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
+from rigstack.client import parse_prometheus
+from rigstack.probes.measure import AGREE_WITHIN
 from tests.probes.helpers import last_line, pristine_site, probe_server, run_script
 
 pytestmark = pytest.mark.server
@@ -29,7 +32,7 @@ def test_bench_pins_the_length(url: str, tmp_path: Path) -> None:
     assert [row["workload"] for row in result["rows"]] == ["code", "prose"]
     for row in result["rows"]:
         assert (row["requests"], row["failed"], row["short"], row["tokens"]) == (3, 0, 0, 72)
-        assert row["decode_tok_s"] > 0 and row["ms_per_step"] > 0 and row["tokens_per_step"] == 1.0
+        assert row["server_decode_tok_s"] > 0 and row["ms_per_step"] > 0 and row["tokens_per_step"] == 1.0
     params = result["provenance"]["params"]
     assert params["fixed_length"] == "ignore_eos" and params["ignore_eos"] and params["temperature"] == 0.0
     assert result["provenance"]["server_version"] == "0.32.0" and result["provenance"]["package"].endswith("vllm")
@@ -45,8 +48,58 @@ def test_conc_reconciles_usage_with_the_server_counter(url: str, tmp_path: Path)
     for row in rows:
         assert (row["ok"], row["failed"], row["output_tokens"]) == (4, 0, 128)
         assert row["server_tokens"] == row["output_tokens"]  # client usage == vllm:generation_tokens delta
-        assert row["ttft_ms_p50"] <= row["ttft_ms_p99"] and row["tpot_ms_p50"] > 0 and row["e2e_ms_p99"] > 0
+        assert row["ttft_ms_p50"] <= row["ttft_ms_p99"] and row["server_tpot_ms"] > 0 and row["e2e_ms_p99"] > 0
     assert (tmp_path / "c.png").stat().st_size > 1000
+
+
+def _counters(url: str) -> dict[str, float]:
+    return parse_prometheus(httpx.get(url.removesuffix("/v1") + "/metrics", timeout=30).text)
+
+
+def _server_decode(before: dict[str, float], after: dict[str, float]) -> tuple[float, float, float]:
+    """The server's own decode tok/s per stream, mean step and mean TPOT (ms) over the interval, from its
+    counters (the test's reading, independent of the probe's)."""
+    change = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in after}
+    decoded = change["vllm:generation_tokens_total"] - change["vllm:request_decode_time_seconds_count"]
+    return (decoded / change["vllm:request_decode_time_seconds_sum"],
+            1000 * change["vllm:inter_token_latency_seconds_sum"] / change["vllm:inter_token_latency_seconds_count"],
+            1000 * change["vllm:request_time_per_output_token_seconds_sum"]
+            / change["vllm:request_time_per_output_token_seconds_count"])
+
+
+def test_bench_rates_agree_with_the_servers_counters(url: str, tmp_path: Path) -> None:
+    """On this server the stream often arrives in one burst: no client-side rate may then be printed, and every
+    rate that is printed agrees with the server's own clock."""
+    before = _counters(url)
+    result = _run("bench.py", url, tmp_path / "b", "--workload", "prose", "--max-tokens", "128", "--warmup", "0",
+                  "--fixed", "ignore_eos")
+    rate, step_ms, _ = _server_decode(before, _counters(url))
+    row = result["rows"][0]
+    assert row["server_decode_tok_s"] == pytest.approx(rate, rel=1e-6)
+    assert row["ms_per_step"] == pytest.approx(step_ms, rel=1e-6)  # the engine's step
+    if row["decode_tok_s"] is None:
+        assert f"prose: decode tok/s not measured on the client: {row['client_timing']}" in " ".join(result["notes"])
+    else:
+        assert row["client_timing"] == "agrees with the server"
+        assert row["decode_tok_s"] == pytest.approx(rate, rel=AGREE_WITHIN)
+
+
+def test_conc_rates_agree_with_the_servers_counters(url: str, tmp_path: Path) -> None:
+    before = _counters(url)
+    result = _run("conc.py", url, tmp_path / "c", "--levels", "1", "--requests", "3", "--warmup", "0", "--fixed",
+                  "ignore_eos", "--max-tokens", "128", "--interval", "0.1")
+    rate, _, tpot_ms = _server_decode(before, _counters(url))
+    row = result["rows"][0]
+    assert row["server_per_stream_tok_s"] == pytest.approx(rate, rel=1e-6)
+    assert row["server_tpot_ms"] == pytest.approx(tpot_ms, rel=1e-6)
+    if row["not_measured"]:
+        assert f"c1: {row['not_measured']} not measured on the client" in " ".join(result["notes"])
+    if row["per_stream_tok_s"] is not None:
+        assert row["per_stream_tok_s"] == pytest.approx(rate, rel=AGREE_WITHIN)
+    if row["tpot_ms_p50"] is not None:  # a median against the server's mean: only the gross errors show
+        assert row["tpot_ms_p50"] == pytest.approx(tpot_ms, rel=0.5)
+    if row["steady_tok_s"] is not None:
+        assert row["steady_tok_s"] >= (1 - AGREE_WITHIN) * rate
 
 
 def test_needle_grid(url: str, tmp_path: Path) -> None:

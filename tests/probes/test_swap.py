@@ -69,3 +69,20 @@ def test_live_swap_finds_the_faulty_card(tmp_path: Path) -> None:
     assert '"CORRUPTION SUSPECTED"' in (tmp_path / "s-baseline.json").read_text()
     assert "prompt 0 run 0 position 2: token 0, token id 0" in (tmp_path / "s-baseline.json").read_text()
     assert '"clean: all runs identical, nothing flagged"' in (tmp_path / "s-swapped.json").read_text()
+
+
+def test_dry_run_from_a_profile(tmp_path: Path) -> None:
+    """The profile's own server command, rendered and shown with both device orders; nothing built or started."""
+    process = run_script("probe_bang.py", "swap", "--url", "http://127.0.0.1:8000", "--model", "tiny", "--devices",
+                         "0,1", "--swap", "1,5", "--profile", "cpu-tiny", "--dry-run", cwd=tmp_path)
+    assert process.returncode == 0, process.stderr
+    text = last_line(process)
+    assert text.count("vllm.entrypoints.openai.api_server") == 2 and "--served-model-name tiny" in text
+    assert "CUDA_VISIBLE_DEVICES=0,1" in text and "CUDA_VISIBLE_DEVICES=0,5" in text
+    assert "dry run: nothing started" in text and not list(tmp_path.iterdir())
+
+
+def test_a_container_profile_is_refused() -> None:
+    process = run_script("probe_bang.py", "swap", "--url", "http://127.0.0.1:8000", "--model", "glm", "--devices",
+                         "0,1", "--swap", "1,2", "--profile", "cmp170hx-8x-pp8", "--dry-run")
+    assert process.returncode == 1 and "profile cmp170hx-8x-pp8 runs in a container" in last_line(process)
