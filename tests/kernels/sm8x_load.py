@@ -1,4 +1,4 @@
-"""Load the SM8x fallback modules by file path, with or without vLLM installed.
+"""Load the SM8x fallback modules (and patch 0011's host collectives) by file path, with or without vLLM.
 
 The kernel modules of patches 0008-0010 import only torch and triton (and each
 other, relatively), so they can run where importing vLLM is impossible (a GPU
@@ -33,6 +33,8 @@ PATCHES_DIR = ROOT / "patches"
 OPS = "vllm/v1/attention/ops/"
 KERNEL_MODULES = ("fp8_e4m3_sw", "triton_sparse_mla_sm8x", "triton_indexer_sm8x")
 KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
+COMMUNICATORS = "vllm/distributed/device_communicators/"
+HOST_COLLECTIVES = ("host_collectives", "host_collectives_triton")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -134,8 +136,19 @@ def load(interpret: bool = False, with_kpool: bool = False) -> types.SimpleNames
     sources = {name: source(OPS + name + ".py") for name in KERNEL_MODULES}
     if with_kpool:
         sources["kpool_compress"] = _kpool_source()
+    return _import_private("sm8x_ops", sources, interpret)
+
+
+def load_host_collectives() -> types.SimpleNamespace:
+    """Import patch 0011's host collectives (torch only; its Triton flag kernels load on first CUDA use)."""
+    sources = {name: source(COMMUNICATORS + name + ".py") for name in HOST_COLLECTIVES}
+    return _import_private("host_collectives", sources, interpret=False)
+
+
+def _import_private(prefix: str, sources: dict[str, str], interpret: bool) -> types.SimpleNamespace:
+    """Write the sources into a private package (named by their hash) on sys.path and import them from there."""
     digest = hashlib.sha256(repr(sorted(sources.items())).encode()).hexdigest()[:12]
-    package = f"sm8x_ops_{'interp' if interpret else 'native'}_{digest}"
+    package = f"{prefix}_{'interp' if interpret else 'native'}_{digest}"
     root = Path(tempfile.gettempdir()) / "rigstack-sm8x"
     pkg_dir = root / package
     pkg_dir.mkdir(parents=True, exist_ok=True)
