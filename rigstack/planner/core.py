@@ -224,10 +224,8 @@ def _flag(profile: Profile, name: str, default: Any) -> Any:
 
 
 def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
-    from rigstack.planner.kv import KvSetup, size_pool, sparse_workspace_bytes
-
     profile = request.profile
-    folder = request.model or (model_dir(profile.model, build=False) if profile.model.path else None)
+    folder = request.model or model_dir(profile.model, build=False)
     config, architecture = load_config(profile, folder)
     text = _text(config)
     pp = request.pp or profile.parallel.pp
@@ -245,6 +243,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     batched = int(_flag(profile, "max-num-batched-tokens", DEFAULT_BATCHED_TOKENS))
     spec = profile.speculative or {}
     cpu = profile.flavour == "cpu"
+    from rigstack.planner.kv import KvSetup, size_pool, sparse_workspace_bytes  # vLLM: after the cheap checks
+
     setup = KvSetup(
         architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
         block_size=profile.vllm.get("block-size"), kv_cache_dtype=str(_flag(profile, "kv-cache-dtype", "auto")),
