@@ -4,7 +4,7 @@
     python preflight.py profiles            every profile, marking those that fit this host's GPUs
     python preflight.py show NAME [--resolved]
     python preflight.py plan --profile NAME [--pp N] [--tp N] [--partition a,b,...] [--util F] [--max-model-len N]
-                             [--max-num-seqs N] [--json]    vLLM's KV pool per stage, and whether it starts
+                             [--max-num-seqs N] [--search] [--json]    vLLM's KV pool per stage; does it start
 
 Exit 0 when nothing failed, 1 on warnings with --strict, 2 on any FAIL.
 """
@@ -64,6 +64,7 @@ def plan(
     max_model_len: int | None = typer.Option(None, "--max-model-len", min=1),
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
     model: Path | None = typer.Option(None, help="model folder (config.json, safetensors headers)"),
+    search: bool = typer.Option(False, "--search", help="search the partition that maximises the pool"),
     png: Path | None = typer.Option(None, help="chart path (default: results/plan/PROFILE.png)"),
     json_out: bool = typer.Option(False, "--json", help="the plan as JSON on stdout"),
 ) -> None:
@@ -71,7 +72,7 @@ def plan(
     from rigstack.planner import run_plan
 
     overrides = {"pp": pp, "tp": tp, "partition": partition, "util": util, "max_model_len": max_model_len,
-                 "max_num_seqs": max_num_seqs, "model": str(model) if model else None}
+                 "max_num_seqs": max_num_seqs, "model": str(model) if model else None, "search_partition": search}
     raise typer.Exit(run_plan(profile, overrides, json_out, png))
 
 

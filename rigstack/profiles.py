@@ -130,7 +130,7 @@ class PlannerHints(_Frozen):
     bits: dict[str, float] = {}
     drafter_gib: float = Field(0.0, ge=0)  # a separate drafter's weights, on the last stage
     kernel_block_sizes: tuple[int, ...] = (16,)  # the attention backends' kernel block sizes (hybrid alignment)
-    target_sessions: float | None = Field(None, gt=0)  # full-length requests the rig should hold (default: max-num-seqs)
+    target_sessions: float | None = Field(None, gt=0)  # full-length requests to hold (default: max-num-seqs)
 
 
 class Docker(_Frozen):

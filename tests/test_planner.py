@@ -49,9 +49,10 @@ def test_dense_pp2_uneven_pool_equals_the_servers(vllm_server, tiny_model: Path)
     env = {**profile.env, "VLLM_PP_LAYER_PARTITION": profile.partition_env}
     server = vllm_server(extra_args=["--pipeline-parallel-size", "2"], env=env)
     planned = plan_for("cpu-tiny-pp2", model=str(tiny_model), kv_space_gib=1)
-    # The 3-layer stage binds: 1 GiB / (3 x 2,048 B/token) = 43,690 blocks of 16, then 1/2048 of that per request.
-    assert planned["binding_stage"] == 0
-    assert planned["pool_tokens"] == logged_pool(server.log)
+    # The 3-layer stage binds: 1 GiB / (3 x 512 B/token) = 5,461 blocks of 128 (the CPU platform's block) =
+    # 699,008 tokens, as the server logged; with vLLM's GPU default of 16-token blocks it would be 699,040.
+    assert planned["binding_stage"] == 0 and planned["block_size"] == 128
+    assert planned["pool_tokens"] == logged_pool(server.log) == 699_008
 
 
 @pytest.mark.server
@@ -231,3 +232,14 @@ def test_without_vllm_the_serving_interpreter_plans(monkeypatch: pytest.MonkeyPa
     monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path))
     with pytest.raises(UserError, match="the planner needs vLLM's own code"):
         planner.plan_dict("glm53-cmp170hx-pp9")
+
+
+def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path) -> None:
+    found = plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    # 3,1 binds on its 3-layer stage; 2,2 gives both stages the same KV bytes per block, 1.5x the blocks.
+    assert found["search"]["given_partition"] == [3, 1]
+    assert found["partition"] == [2, 2]
+    assert found["pool_tokens"] > found["search"]["given_pool_tokens"]
+    # Seed 003's hand-made PP8 layout is no better than the search's.
+    glm = plan_for("glm53-cmp170hx-pp8", search_partition=True)
+    assert glm["pool_tokens"] >= glm["search"]["given_pool_tokens"] == plan_for("glm53-cmp170hx-pp8")["pool_tokens"]

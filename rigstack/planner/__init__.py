@@ -47,17 +47,21 @@ def _args(overrides: dict[str, Any]) -> list[str]:
         if value is None:
             continue
         flag = "--" + key.replace("_", "-")
+        if isinstance(value, bool):
+            out += [flag] if value else []
+            continue
         out += [flag, ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)]
     return out
 
 
 def plan_dict(profile: str, **overrides: Any) -> dict[str, Any]:
     """The plan for a profile name or path; overrides: pp, tp, partition, util, max_model_len, max_num_seqs, model,
-    kv_space_gib."""
+    kv_space_gib, search_partition."""
     python = serving_python()
     if python is None:
         raise UserError(f"the planner needs vLLM's own code and this interpreter has no vllm; set {PYTHON_ENV} to "
-                        "the serving interpreter (the one that runs vLLM), or build the test venv with scripts/test_env.sh")
+                        "the serving interpreter (the one that runs vLLM), or build the test venv "
+                        "(scripts/test_env.sh)")
     if has_vllm():
         from rigstack.planner.core import plan_for
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,8 @@ GIB = 1024**3
 # vLLM 0.32.0's defaults where a profile sets no flag (EngineArgs / SchedulerConfig).
 DEFAULT_BATCHED_TOKENS = 2048
 DEFAULT_UTIL = 0.9
+# platforms/cpu.py check_and_update_config: a non-MLA model without --block-size gets 128-token blocks on CPU.
+CPU_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
@@ -247,7 +249,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
 
     setup = KvSetup(
         architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
-        block_size=profile.vllm.get("block-size"), kv_cache_dtype=str(_flag(profile, "kv-cache-dtype", "auto")),
+        block_size=profile.vllm.get("block-size") or (CPU_BLOCK_SIZE if cpu else None),
+        kv_cache_dtype=str(_flag(profile, "kv-cache-dtype", "auto")),
         model_dtype=str(_flag(profile, "dtype", "bfloat16")).replace("auto", "bfloat16"), tp=tp, pp=pp,
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)), speculative_method=spec.get("method"),
         enable_prefix_caching=bool(_flag(profile, "enable-prefix-caching", False)),
@@ -291,7 +294,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         per_block = kv.bytes_per_block[i]
         stages.append(Stage(
             index=i, first_layer=first, layers=end - first,
-            weights_gib=sum(per_stage[i].values()) / GIB, weights_by_class={k: v / GIB for k, v in per_stage[i].items()},
+            weights_gib=sum(per_stage[i].values()) / GIB,
+            weights_by_class={k: v / GIB for k, v in per_stage[i].items()},
             reserve_gib=reserves[i], available_gib=available[i] / GIB,
             kv_gib=kv.pool_blocks * per_block / GIB, blocks=kv.num_blocks[i], bytes_per_block=per_block,
             tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0))
@@ -306,19 +310,29 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
 
 def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,
              util: float | None = None, max_model_len: int | None = None, max_num_seqs: int | None = None,
-             model: str | Path | None = None, kv_space_gib: float | None = None) -> dict[str, Any]:
-    """plan() for a profile name or path, with the command line's overrides, as JSON-ready data."""
+             model: str | Path | None = None, kv_space_gib: float | None = None,
+             search_partition: bool = False) -> dict[str, Any]:
+    """plan() for a profile name or path, with the command line's overrides, as JSON-ready data; with
+    search_partition, the searched partition's plan, with "search" comparing it to the given one."""
     from rigstack.profiles import load_profile
 
     if isinstance(partition, str):
         try:
             partition = [int(part) for part in partition.split(",")]
         except ValueError:
-            raise UserError(f"--partition {partition!r}: give layer counts separated by commas, like 11,10,10") from None
+            raise UserError(f"--partition {partition!r}: give layer counts separated by commas, like 11,10,10") \
+                from None
     request = Request(load_profile(profile), pp=pp, tp=tp, partition=tuple(partition) if partition else None,
                       util=util, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       model=Path(model) if model else None, kv_space_gib=kv_space_gib)
-    result = plan(request).to_json()
+    given = plan(request)
+    result = given.to_json()
+    if search_partition:
+        found = search(request)
+        result = found.to_json()
+        result["search"] = {"given_partition": given.partition,
+                            "given_pool_tokens": given.pool_tokens, "found_partition": found.partition,
+                            "found_pool_tokens": found.pool_tokens}
     result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
     return result
 
@@ -326,3 +340,42 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
 def target_sessions(profile: Profile, max_num_seqs: int) -> float:
     hints = profile.planner
     return hints.target_sessions if hints and hints.target_sessions else float(max_num_seqs)
+
+
+def search(request: Request, reserve: Reserve = RESERVE) -> Plan:
+    """The partition that maximises the pool for the request's PP size. One plan with a stage per layer gives each
+    layer's weight bytes and KV bytes per block (the block pool's bytes add up over a stage's layers); the largest
+    block count every stage can reach is then found by bisection, each stage taking as many layers as still reach
+    it (optimal for a bottleneck over contiguous ranges, since a stage's blocks only fall as it grows), and the
+    result is planned in full. The stack asks nothing of stage boundaries beyond one layer per stage (the DFlash2
+    aux relay, patch 0006, captures an aux layer on either side of a boundary)."""
+    probe = plan(request, reserve)
+    layers, pp = sum(probe.partition), probe.pp
+    singles = plan(replace(request, pp=layers, partition=(1,) * layers), reserve).stages
+    budget = singles[0].available_gib + singles[0].weights_gib  # GiB for weights and KV, the reserve taken off
+    weight = [0.0, *accumulate(stage.weights_gib for stage in singles)]
+    page = [0, *accumulate(stage.bytes_per_block for stage in singles)]
+
+    def blocks(first: int, end: int) -> int:
+        return max(0, int((budget - weight[end] + weight[first]) * GIB)) // (page[end] - page[first])
+
+    def split(target: int) -> list[int] | None:
+        parts, first = [], 0
+        for stage in range(pp):
+            end = first + 1
+            if stage == pp - 1:
+                end = layers
+            else:
+                while end < layers - (pp - 1 - stage) and blocks(first, end + 1) >= target:
+                    end += 1
+            if blocks(first, end) < target:
+                return None
+            parts.append(end - first)
+            first = end
+        return parts
+
+    low, high = 0, max(stage.blocks for stage in singles)
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if split(middle) else (low, middle - 1)
+    return plan(replace(request, partition=tuple(split(low) or probe.partition)), reserve)

@@ -3,8 +3,8 @@ spec classes, and vLLM's own grouping, layout, sizing, capacity and startup-chec
 
 What cannot run here is the model class itself (its import needs CUDA-only pieces on the CPU twin), so the specs
 are built the way each layer's get_kv_cache_spec builds them (cited per architecture below), and the VllmConfig is
-a real VllmConfig instance whose sub-configs are vLLM's own classes; only ModelConfig, which inspects the model class, is a
-stand-in carrying the fields the KV functions read. tests/test_planner.py proves the
+a real VllmConfig instance whose sub-configs are vLLM's own classes; only ModelConfig, which inspects the model
+class, is a stand-in carrying the fields the KV functions read. tests/test_planner.py proves the
 result equal to what a real vLLM CPU server logs.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -86,12 +86,6 @@ def _speculative(setup: KvSetup) -> SpeculativeConfig | None:
                             draft_model_config=None, disable_eagle_block_drop=False).items():
         object.__setattr__(spec, name, value)
     return spec
-
-
-@dataclass
-class StageKv:
-    layers: int
-    kv_specs: dict[str, KVCacheSpec] = field(default_factory=dict)
 
 
 def _text(config: Any) -> Any:

@@ -31,6 +31,11 @@ def text(plan: dict[str, Any]) -> str:
         lines.append("vLLM's startup check (_check_enough_kv_cache_memory): passes")
     else:
         lines.append(f"vLLM's startup check (_check_enough_kv_cache_memory): REFUSES: {plan['refusal']}")
+    if "search" in plan:
+        found = plan["search"]
+        lines.append(f"search: {','.join(map(str, found['found_partition']))} holds "
+                     f"{found['found_pool_tokens']:,} tokens; the given {','.join(map(str, found['given_partition']))} "
+                     f"{found['given_pool_tokens']:,}")
     lines += [f"note: {note}" for note in plan["notes"]]
     return "\n".join(lines)
 
