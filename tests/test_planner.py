@@ -220,12 +220,13 @@ def test_plan_cli_json_and_chart(tmp_path: Path) -> None:
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_without_vllm_the_serving_interpreter_plans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_without_vllm_the_serving_interpreter_plans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    tiny_model: Path) -> None:
     monkeypatch.setattr(planner, "has_vllm", lambda: False)
     monkeypatch.setenv(planner.PYTHON_ENV, sys.executable)
-    bridged = planner.plan_dict("glm53-cmp170hx-pp9", max_model_len=262144)
-    assert bridged == plan_for("glm53-cmp170hx-pp9", max_model_len=262144)
-    # Errors come back as the same one line.
+    bridged = planner.plan_dict("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    assert bridged == plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    # Errors come back as the same one line (this one is raised before vLLM is imported).
     with pytest.raises(UserError, match="sums to 77"):
         planner.plan_dict("glm53-cmp170hx-pp8", partition="11,10,10,10,10,10,9,7")
     monkeypatch.delenv(planner.PYTHON_ENV)
