@@ -141,6 +141,16 @@ def test_glm53_flash_groups_take_the_packed_path() -> None:
     assert load_profile("cmp170hx-8x-pp8").planner.config["index_kpool"] == 4
 
 
+def test_attention_backend_from_vllms_own_selector() -> None:
+    # sm_89 with FP8 KV: upstream ranks no sparse-MLA backend below sm_90; the stack's patch 0009 adds the Triton one.
+    l40 = plan_for("l40-8x-tp8")["attention_backend"]
+    assert l40["picked"] == "TRITON_MLA_SPARSE"
+    assert "compute capability not supported" in " ".join(l40["invalid"]["FLASHMLA_SPARSE"])
+    # sm_120, GLM-5.3-Flash (NoPE, 512-wide latent): nothing that can be checked here accepts it.
+    blackwell = plan_for("rtxpro6000-1x-offload")["attention_backend"]
+    assert blackwell["picked"] is None and "TRITON_MLA" in blackwell["invalid"]
+
+
 def test_indexer_runs_where_vllm_builds_it() -> None:
     from transformers import GlmMoeDsaConfig
 

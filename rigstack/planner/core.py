@@ -83,6 +83,7 @@ class Plan:
     refusal: str | None
     weights_source: str
     notes: list[str] = field(default_factory=list)
+    attention_backend: dict[str, Any] | None = None  # vLLM's CUDA selector for the rig (GPU profiles)
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -300,12 +301,20 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
             kv_gib=kv.pool_blocks * per_block / GIB, blocks=kv.num_blocks[i], bytes_per_block=per_block,
             tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0))
     binding = min(range(pp), key=lambda i: kv.num_blocks[i])
+    backend = None
+    if not cpu and profile.hardware.compute_capability and architecture in ("GlmMoeDsaForCausalLM",
+                                                                            "Glm5NextForCausalLM"):
+        from rigstack.planner.backend import select
+
+        backend = select(profile.hardware.compute_capability, text.kv_lora_rank + text.qk_rope_head_dim,
+                         setup.kv_cache_dtype, kv.block_size, text.num_attention_heads // tp, True, True)
     return Plan(
         profile=profile.name, architecture=architecture, flavour=profile.flavour, pp=pp, tp=tp, partition=partition,
         util=None if cpu else util, memory_gib=memory, max_model_len=max_len, max_num_seqs=seqs,
         kv_cache_dtype=setup.kv_cache_dtype, block_size=kv.block_size, groups=kv.groups, stages=stages,
         pool_blocks=kv.pool_blocks, pool_tokens=kv.pool_tokens, binding_stage=binding,
-        sessions=kv.concurrency, starts=kv.starts, refusal=kv.refusal, weights_source=source, notes=notes)
+        sessions=kv.concurrency, starts=kv.starts, refusal=kv.refusal, weights_source=source, notes=notes,
+        attention_backend=backend)
 
 
 def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,

@@ -31,6 +31,13 @@ def text(plan: dict[str, Any]) -> str:
         lines.append("vLLM's startup check (_check_enough_kv_cache_memory): passes")
     else:
         lines.append(f"vLLM's startup check (_check_enough_kv_cache_memory): REFUSES: {plan['refusal']}")
+    backend = plan.get("attention_backend")
+    if backend:
+        picked = backend["picked"] or "no valid attention backend among those checkable here"
+        above = backend["outranked_by_unchecked"]
+        lines.append(f"attention backend (vLLM's CUDA selector): {picked}"
+                     + (f", unless one of {', '.join(above)} (ranked higher, not importable here) accepts" if above
+                        else ""))
     if "search" in plan:
         found = plan["search"]
         lines.append(f"search: {','.join(map(str, found['found_partition']))} holds "
