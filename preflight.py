@@ -3,6 +3,8 @@
     python preflight.py --profile NAME|PATH.yaml [--model PATH] [--package PATH] [--python PATH] [--json] [--strict]
     python preflight.py profiles            every profile, marking those that fit this host's GPUs
     python preflight.py show NAME [--resolved]
+    python preflight.py plan --profile NAME [--pp N] [--tp N] [--partition a,b,...] [--util F] [--max-model-len N]
+                             [--max-num-seqs N] [--search] [--json]    vLLM's KV pool per stage; does it start
 
 Exit 0 when nothing failed, 1 on warnings with --strict, 2 on any FAIL.
 """
@@ -53,6 +55,28 @@ def show(name: str, resolved: bool = typer.Option(False, "--resolved", help="mer
     from rigstack.preflight.runner import show as show_profile
 
     raise typer.Exit(show_profile(name, resolved))
+
+
+@app.command("plan")
+def plan(
+    profile: str = typer.Option(DEFAULT_PROFILE, "--profile", "-p", help="profile name or YAML path"),
+    pp: int | None = typer.Option(None, "--pp", min=1, help="pipeline stages (default: the profile's)"),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="tensor parallel size (default: the profile's)"),
+    partition: str | None = typer.Option(None, "--partition", help="layers per stage, e.g. 11,10,10,10,10,10,9,8"),
+    util: float | None = typer.Option(None, "--util", help="gpu-memory-utilization (default: the profile's)"),
+    max_model_len: int | None = typer.Option(None, "--max-model-len", min=1),
+    max_num_seqs: int | None = typer.Option(None, "--max-num-seqs", min=1),
+    model: Path | None = typer.Option(None, help="model folder (config.json, safetensors headers)"),
+    search: bool = typer.Option(False, "--search", help="search the partition that maximises the pool"),
+    png: Path | None = typer.Option(None, help="chart path (default: results/plan/PROFILE.png)"),
+    json_out: bool = typer.Option(False, "--json", help="the plan as JSON on stdout"),
+) -> None:
+    """Plan the KV pool vLLM will size for a profile, per stage, with vLLM's own code; exit 2 if it would refuse."""
+    from rigstack.planner import run_plan
+
+    overrides = {"pp": pp, "tp": tp, "partition": partition, "util": util, "max_model_len": max_model_len,
+                 "max_num_seqs": max_num_seqs, "model": str(model) if model else None, "search_partition": search}
+    raise typer.Exit(run_plan(profile, overrides, json_out, png))
 
 
 if __name__ == "__main__":

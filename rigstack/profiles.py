@@ -151,6 +151,20 @@ class Offload(_Frozen):
     grouped_prefill_min_tokens: int | None = None  # seed 000: prefill in groups of 64 experts from 48 tokens
 
 
+class PlannerHints(_Frozen):
+    """What the capacity planner (rigstack.planner) needs that a checkpoint would otherwise give."""
+
+    # The model's config.json keys (model_type, architectures and whatever differs from transformers' defaults for
+    # that class), used when the model folder is not on this machine.
+    config: dict[str, Any] = {}
+    # Bits per parameter, scales included, per tensor class (routed_experts, shared_experts, attention, dense_mlp,
+    # embed, head, router, other), used when no checkpoint is present; unset classes count 16.
+    bits: dict[str, float] = {}
+    drafter_gib: float = Field(0.0, ge=0)  # a separate drafter's weights, on the last stage
+    kernel_block_sizes: tuple[int, ...] = (16,)  # the attention backends' kernel block sizes (hybrid alignment)
+    target_sessions: float | None = Field(None, gt=0)  # full-length requests to hold (default: max-num-seqs)
+
+
 class Docker(_Frozen):
     shm_size: Word = "16g"
     ipc: Word = "host"
@@ -167,6 +181,7 @@ class Profile(_Frozen):
     parallel: Parallel = Parallel()
     kv: KvCache = KvCache()
     offload: Offload | None = None
+    planner: PlannerHints | None = None
     env: dict[str, str] = {}
     vllm: dict[str, Any] = {}  # long flag name without dashes in front -> value (see rigstack.render)
     image: Word | None = None

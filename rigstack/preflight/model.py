@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from rigstack.errors import UserError
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
 from rigstack.profiles import TINY_PREFIX, Shape, Weights, model_dir
 from rigstack.tinymodel import models_root
@@ -132,7 +133,7 @@ def partition(ctx: Context) -> Result:
     return passed(f"{len(stages)} stages, {','.join(map(str, stages))} = {layers} layers")
 
 
-# --- KV room: a first estimate from bytes per token per layer; a full planner comes later ---------------------
+# --- KV room: the capacity planner (rigstack.planner); a first estimate where it cannot run ------------------
 
 _FP8_KV = ("fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc")
 
@@ -180,18 +181,48 @@ def kv_budget_gib(ctx: Context) -> tuple[float, str] | None:
     return budget, f"{cards_n} x {per_card:.0f} GiB x {util:g} - {on_gpu:.0f} GiB weights"
 
 
+def _planned_room(ctx: Context, max_len: int) -> Result:
+    """kv-room from the capacity planner: vLLM's own KV sizing per stage and its own startup check."""
+    from rigstack.planner import plan_dict
+
+    plan = plan_dict(ctx.profile.source_files[-1], model=str(ctx.model) if ctx.model else None)
+    stage = plan["stages"][plan["binding_stage"]]
+    line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} binds: "
+            f"{stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
+    if not plan["starts"]:
+        fixes = (f"raise gpu-memory-utilization, move layers off stage {plan['binding_stage']} (parallel.partition), "
+                 "add a PP stage, or use a smaller KV dtype")
+        if plan["util"] is None:
+            fixes = "raise VLLM_CPU_KVCACHE_SPACE"
+        return fail(f"vLLM would refuse to start: {line} < max-model-len {max_len:,}", f"{fixes}; or lower "
+                    f"max-model-len (`python preflight.py plan --profile {ctx.profile.name}` shows the stages)")
+    target = plan["target_sessions"]
+    if plan["sessions"] < target:
+        return warn(f"{line}: {plan['sessions']:.2f} of {target:g} target requests fit at {max_len:,} tokens",
+                    "fine for mixed lengths; lower max-num-seqs or planner.target_sessions if every request is long")
+    return passed(f"{line} >= {target:g} x {max_len:,}")
+
+
 @check("kv-room")
 def kv_room(ctx: Context) -> Result:
     flags = ctx.profile.vllm
     max_len, seqs = flags.get("max-model-len"), int(flags.get("max-num-seqs", 1))
     if not isinstance(max_len, int):
         return skip("no max-model-len in the profile")
+    # GPU rigs get the planner (30 s of vLLM import against a 12-17 minute boot that may be refused); cpu
+    # profiles keep the first estimate, which is vLLM's figure for the dense tiny model (tests/test_planner.py).
+    unplanned = "cpu profile"
+    if ctx.profile.flavour == "gpu":
+        try:
+            return _planned_room(ctx, max_len)
+        except UserError as error:
+            unplanned = f"planner not run: {error}"
     per_token, budget = kv_bytes_per_token(ctx), kv_budget_gib(ctx)
     if per_token is None or budget is None:
-        return skip("not enough known to estimate (weights size, KV bytes per token or VLLM_CPU_KVCACHE_SPACE)")
+        return skip(f"{unplanned}; not enough known for a first estimate")
     gib, how = budget
     pool = int(max(gib, 0) * GIB / per_token)
-    line = f"~{pool:,} tokens of KV ({how}; {per_token:,} B/token)"
+    line = f"~{pool:,} tokens of KV (first estimate, {unplanned}; {how}; {per_token:,} B/token)"
     if pool < max_len:
         return fail(f"{line} cannot hold one {max_len:,}-token request",
                     "lower max-model-len, use an fp8 KV cache, or add cards")

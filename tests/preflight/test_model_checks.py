@@ -114,10 +114,13 @@ def test_kv_room(tmp_path: Path) -> None:
     assert_status(model.kv_room(context(none, model=folder)), Status.FAIL, "cannot hold one 600,000-token request")
 
 
-def test_kv_room_on_gpu_rigs_uses_the_seed_figures() -> None:
-    # Seed 003: 78 layers x (656 + 132) B; the 1M pool holds one full-length request of the eight.
+def test_kv_room_on_gpu_rigs_uses_the_planner() -> None:
+    # Seed 003's PP8 at 0.96: the binding stage's pool is below max-model-len, which vLLM 0.32.0 refuses at boot.
     result = model.kv_room(context("glm53-cmp170hx-pp8"))
-    assert_status(result, Status.WARN, "61,464 B/token", "1 of 8 sequences fit at full length")
+    assert_status(result, Status.FAIL, "vLLM would refuse to start", "stage 2 of 8 binds", "max-model-len 1,048,576")
+    assert "gpu-memory-utilization" in result.fix and "parallel.partition" in result.fix
+    # PP9 at 0.93 starts, but holds fewer than the eight 1M requests max-num-seqs allows.
+    assert_status(model.kv_room(context("glm53-cmp170hx-pp9")), Status.WARN, "of 8 target requests fit")
 
 
 def test_disk_for_missing_weights(tmp_path: Path) -> None:

