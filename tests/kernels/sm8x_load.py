@@ -97,7 +97,7 @@ def source(path: str) -> str:
         return patched_source(path)
     file = package.parent / path
     if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: this vllm package lacks the SM8x fallbacks (patches 0008-0010)")
+        raise FileNotFoundError(f"{file} is missing: this vllm package lacks the patch that adds it")
     return file.read_text()
 
 
@@ -134,6 +134,16 @@ def load(interpret: bool = False, with_kpool: bool = False) -> types.SimpleNames
     sources = {name: source(OPS + name + ".py") for name in KERNEL_MODULES}
     if with_kpool:
         sources["kpool_compress"] = _kpool_source()
+    return _import_sources(sources, interpret)
+
+
+def load_module(path: str, interpret: bool = False) -> types.ModuleType:
+    """Import one torch+triton-only package file ("vllm/.../name.py"), found as ``source`` finds it."""
+    name = Path(path).stem
+    return getattr(_import_sources({name: source(path)}, interpret), name)
+
+
+def _import_sources(sources: dict[str, str], interpret: bool) -> types.SimpleNamespace:
     digest = hashlib.sha256(repr(sorted(sources.items())).encode()).hexdigest()[:12]
     package = f"sm8x_ops_{'interp' if interpret else 'native'}_{digest}"
     root = Path(tempfile.gettempdir()) / "rigstack-sm8x"
