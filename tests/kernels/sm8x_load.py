@@ -99,7 +99,7 @@ def source(path: str) -> str:
         return patched_source(path)
     file = package.parent / path
     if not file.is_file():
-        raise FileNotFoundError(f"{file} is missing: this vllm package lacks the SM8x fallbacks (patches 0008-0010)")
+        raise FileNotFoundError(f"{file} is missing: this vllm package lacks the patch that adds it")
     return file.read_text()
 
 
@@ -143,6 +143,12 @@ def load_host_collectives() -> types.SimpleNamespace:
     """Import patch 0011's host collectives (torch only; its Triton flag kernels load on first CUDA use)."""
     sources = {name: source(COMMUNICATORS + name + ".py") for name in HOST_COLLECTIVES}
     return _import_private("host_collectives", sources, interpret=False)
+
+
+def load_module(path: str, interpret: bool = False) -> types.ModuleType:
+    """Import one torch+triton-only package file ("vllm/.../name.py"), found as ``source`` finds it."""
+    name = Path(path).stem
+    return getattr(_import_private(name, {name: source(path)}, interpret), name)
 
 
 def _import_private(prefix: str, sources: dict[str, str], interpret: bool) -> types.SimpleNamespace:
