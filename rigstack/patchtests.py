@@ -161,7 +161,9 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
         verdict = next((child for child in case if child.tag in ("skipped", "failure", "error")), None)
         test_id = file if address == module else f"{file}::{address[len(module) + 1:]}"
         if verdict is not None:
-            reasons[test_id] = verdict.get("message") or (verdict.text or "").strip()
+            # A collection error's message is just "collection failure": its last traceback line says what failed.
+            lines = (verdict.text or "").strip().splitlines()
+            reasons[test_id] = (lines[-1] if address == module and lines else None) or verdict.get("message") or ""
         if address == module:  # the file itself: a collection (import) error
             broken.add(file)
             continue

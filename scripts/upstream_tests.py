@@ -37,7 +37,7 @@ def main(
     report = upstreamtests.run_upstream_tests(load_pins(), load_stack(patches), pristine, patched,
                                               None if run_all else upstreamtests.MAX_FILES_PER_MODULE)
     upstreamtests.write_json(report, out)
-    upstreamtests.print_report(report, Console(highlight=False))
+    upstreamtests.print_report(report, Console(highlight=False, width=170))
     cli.console.print(f"table: {out}")
     if not report.ok:
         what = (f"{len(report.total.regressions)} upstream test(s) pass on the pristine package and not on the patched "
