@@ -32,7 +32,7 @@ from rigstack import patchtests
 from rigstack.baseline import _check_sha256, sha256_of
 from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
-from rigstack.patchtests import FAILED, PASSED, SKIPPED, PytestSetup, SuiteRun
+from rigstack.patchtests import PASSED, SKIPPED, PytestSetup, SuiteRun
 from rigstack.stack import Stack
 from rigstack.versions import Pins
 
@@ -317,7 +317,8 @@ def pick(root: Path, modules: Iterable[str], per_module: int | None = MAX_FILES_
         left_out = [(file, "GPU-only test folder") for file in files if file.startswith(GPU_FOLDERS)]
         files = [file for file in files if not file.startswith(GPU_FOLDERS)]
         if per_module is not None:
-            left_out += [(file, f"past the first {per_module} for this module (CI time)") for file in files[per_module:]]
+            why_not = f"past the first {per_module} for this module (CI time)"
+            left_out += [(file, why_not) for file in files[per_module:]]
             files = files[:per_module]
         result.append(Coverage(module, tuple(files), tuple(left_out)))
     return result

@@ -132,7 +132,8 @@ E   ModuleNotFoundError: No module named 'x'</error></testcase>
     </testsuite></testsuites>"""
     run = patchtests.parse_junit(xml, [F, "tests/u.py"])
     assert run.outcomes == {f"{F}::a": SKIPPED, f"{F}::b": FAILED, f"{F}::c": PASSED}
-    assert run.reasons == {f"{F}::a": "needs CUDA", f"{F}::b": "AssertionError: no", "tests/u.py": "E   ModuleNotFoundError: No module named 'x'"}
+    assert run.reasons == {f"{F}::a": "needs CUDA", f"{F}::b": "AssertionError: no",
+                           "tests/u.py": "E   ModuleNotFoundError: No module named 'x'"}
     assert run.broken_files == {"tests/u.py"}
 
 
