@@ -97,10 +97,15 @@ def patch_test_files(stack: Stack, only: tuple[str, ...] = ()) -> dict[str, tupl
     return files
 
 
-def _check_package(package: Path, env: dict[str, str]) -> None:
+def check_package_folder(package: Path) -> None:
+    """The cheap part of the check: the folder is a vllm package (callers run it before any slow step)."""
     if not (package / "__init__.py").is_file() or package.name != "vllm":
         raise UserError(f"{package} is not a vllm package folder (it needs vllm/__init__.py); pass the folder "
                         "itself, e.g. --patched /tmp/site/vllm")
+
+
+def _check_package(package: Path, env: dict[str, str]) -> None:
+    check_package_folder(package)
     # PYTHONPATH must win over the interpreter's own copy, or both runs would test the same package.
     where = "import importlib.util; print(importlib.util.find_spec('vllm').origin)"
     found = subprocess.run([sys.executable, "-c", where], env=env, cwd=REPO_ROOT, capture_output=True, text=True)

@@ -368,6 +368,8 @@ def compare(coverage: Coverage, pristine: SuiteRun, patched: SuiteRun) -> Module
 def run_upstream_tests(pins: Pins, stack: Stack, pristine: Path, patched: Path,
                        per_module: int | None = MAX_FILES_PER_MODULE) -> Report:
     """Fetch and extract the sdist's tests, pick those covering the stack, run them on both packages, compare."""
+    for package in (pristine, patched):
+        patchtests.check_package_folder(package)
     sdist = fetch_sdist(pins)
     with tempfile.TemporaryDirectory(prefix="upstream-tests-", dir=_mkdir(cache_dir() / "upstream-tests")) as tmp:
         root = extract_tests(sdist, Path(tmp))

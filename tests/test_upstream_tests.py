@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
+import subprocess
+import sys
 import tarfile
 import textwrap
 from pathlib import Path
@@ -21,6 +23,7 @@ from rigstack.cache import wheels_dir
 from rigstack.errors import UserError
 from rigstack.patchtests import FAILED, PASSED, SKIPPED, PytestSetup, SuiteRun
 from rigstack.upstreamtests import Coverage
+from rigstack.versions import REPO_ROOT
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
@@ -183,3 +186,15 @@ def test_an_upstream_tree_imports_the_package_it_is_given(tmp_path: Path) -> Non
     wrong = dataclasses.replace(setup, env=(("EXPECTED", "/elsewhere/vllm/__init__.py"),))
     assert patchtests.run_tests(package, ["tests/test_where.py"], "", wrong).outcomes == {
         "tests/test_where.py::test_where": FAILED}
+
+
+def test_cli_names_a_folder_that_is_not_a_package_before_any_slow_step(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "scripts/upstream_tests.py", "--pristine", str(tmp_path),
+                           "--patched", str(tmp_path), "--out", str(tmp_path / "out.json")],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RIGSTACK_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 1
+    assert not (tmp_path / "cache").exists()  # refused before fetching the sdist
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"{tmp_path} is not a vllm package folder" in lines[0]
+    assert not (tmp_path / "out.json").exists()
