@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rich.console import Console
@@ -38,6 +38,7 @@ class SuiteRun:
     outcomes: dict[str, str]
     guards: frozenset[str]
     broken_files: frozenset[str]
+    reasons: dict[str, str] = field(default_factory=dict)  # test id or broken file -> pytest's message
 
     def outcome(self, test_id: str) -> str | None:
         if test_id in self.outcomes:
@@ -72,6 +73,18 @@ class Proof:
         return all(patch.ok for patch in self.patches)
 
 
+@dataclass(frozen=True)
+class PytestSetup:
+    """Where and how pytest runs: from this repository by default; vLLM's own tests run from the sdist's tree, with
+    extra folders after the package on the import path and extra environment variables."""
+
+    cwd: Path = REPO_ROOT
+    args: tuple[str, ...] = ()
+    path: tuple[Path, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    by_folder: bool = True  # one pytest process per test folder (see run_tests)
+
+
 def patch_test_files(stack: Stack, only: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
     """Patch id -> the repository-relative test files its `Tests:` header names."""
     files: dict[str, tuple[str, ...]] = {}
@@ -84,10 +97,15 @@ def patch_test_files(stack: Stack, only: tuple[str, ...] = ()) -> dict[str, tupl
     return files
 
 
-def _check_package(package: Path, env: dict[str, str]) -> None:
+def check_package_folder(package: Path) -> None:
+    """The cheap part of the check: the folder is a vllm package (callers run it before any slow step)."""
     if not (package / "__init__.py").is_file() or package.name != "vllm":
         raise UserError(f"{package} is not a vllm package folder (it needs vllm/__init__.py); pass the folder "
                         "itself, e.g. --patched /tmp/site/vllm")
+
+
+def _check_package(package: Path, env: dict[str, str]) -> None:
+    check_package_folder(package)
     # PYTHONPATH must win over the interpreter's own copy, or both runs would test the same package.
     where = "import importlib.util; print(importlib.util.find_spec('vllm').origin)"
     found = subprocess.run([sys.executable, "-c", where], env=env, cwd=REPO_ROOT, capture_output=True, text=True)
@@ -97,31 +115,35 @@ def _check_package(package: Path, env: dict[str, str]) -> None:
                         f"{package}; is {package.parent} shadowed by a .pth entry or an editable install?")
 
 
-def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS) -> SuiteRun:
+def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS,
+              setup: PytestSetup = PytestSetup()) -> SuiteRun:
     """Run pytest on `files` with `package` first on the import path; the outcome of every test.
 
     Each test folder gets its own pytest process: once vLLM's Triton utilities are imported (as the patch tests do),
     the kernel tests' Triton CPU interpreter fails on nested kernels, so tests/kernels must not share a process."""
     package = package.resolve()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent),
-                                                                     os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, **dict(setup.env),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(package.parent), *map(str, setup.path),
+                                                       os.environ.get("PYTHONPATH")]))}
     _check_package(package, env)
     folders: dict[str, list[str]] = {}
     for name in files:
-        folders.setdefault(str(Path(name).parent), []).append(name)
-    runs = [_run_pytest(package, group, markers, env) for group in folders.values()]
+        folders.setdefault(str(Path(name).parent) if setup.by_folder else "", []).append(name)
+    runs = [_run_pytest(package, group, markers, env, setup) for group in folders.values()]
     return SuiteRun(outcomes={k: v for run in runs for k, v in run.outcomes.items()},
                     guards=frozenset().union(*(run.guards for run in runs)),
-                    broken_files=frozenset().union(*(run.broken_files for run in runs)))
+                    broken_files=frozenset().union(*(run.broken_files for run in runs)),
+                    reasons={k: v for run in runs for k, v in run.reasons.items()})
 
 
-def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str]) -> SuiteRun:
+def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str], setup: PytestSetup) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="rigstack-patchtests-") as scratch:
         report = Path(scratch) / "junit.xml"
         # A pristine package often cannot even import a patch's new module: keep going past collection errors.
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}", *files],
-                              env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+                               "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}",
+                               *setup.args, *files],
+                              env=env, cwd=setup.cwd, capture_output=True, text=True)
         if not report.is_file():
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
             raise UserError(f"pytest wrote no report for {package} (exit {done.returncode}): {' | '.join(tail)}")
@@ -134,25 +156,29 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
     outcomes: dict[str, str] = {}
     guards: set[str] = set()
     broken: set[str] = set()
+    reasons: dict[str, str] = {}
     for case in ElementTree.fromstring(xml).iter("testcase"):
         address = ".".join(filter(None, [case.get("classname"), case.get("name")]))
         module = next((m for m in modules if address == m or address.startswith(m + ".")), None)
         if module is None:
             continue
         file = modules[module]
+        verdict = next((child for child in case if child.tag in ("skipped", "failure", "error")), None)
+        test_id = file if address == module else f"{file}::{address[len(module) + 1:]}"
+        if verdict is not None:
+            # A collection error's message is just "collection failure": its last traceback line says what failed.
+            lines = (verdict.text or "").strip().splitlines()
+            reasons[test_id] = (lines[-1] if address == module and lines else None) or verdict.get("message") or ""
         if address == module:  # the file itself: a collection (import) error
             broken.add(file)
             continue
-        test_id = f"{file}::{address[len(module) + 1:]}"
-        if case.find("skipped") is not None:
-            outcomes[test_id] = SKIPPED
-        elif case.find("failure") is not None or case.find("error") is not None:
-            outcomes[test_id] = FAILED
-        else:
+        if verdict is None:
             outcomes[test_id] = PASSED
+        else:
+            outcomes[test_id] = SKIPPED if verdict.tag == "skipped" else FAILED
         if any(prop.get("name") == GUARD for prop in case.iter("property")):
             guards.add(test_id)
-    return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken))
+    return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken), reasons=reasons)
 
 
 def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun) -> PatchProof:

