@@ -38,8 +38,9 @@ TRAILER = "Rigstack-Patch: "
 GOOD = ("applied", "offset", "already-applied")
 _OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
 _CHECKING = re.compile(r"Checking patch (.+)\.\.\.$")
-_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
-_MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
+# What `git apply` says about a hunk that does not fit and a file that is not there (the importer reads them too).
+GIT_APPLY_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
+GIT_APPLY_MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
 
 
 @dataclass(frozen=True)
@@ -453,10 +454,10 @@ def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
         # The baseline was verified pristine, so a change already in it came from upstream.
         return PatchResult(patch.id, patch.file, "already-applied",
                            "its change is already in the baseline (looks upstreamed)")
-    missing = _MISSING.search(forward.output)
+    missing = GIT_APPLY_MISSING.search(forward.output)
     if missing:
         return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")
-    failed = _FAILED_AT.search(forward.output)
+    failed = GIT_APPLY_FAILED_AT.search(forward.output)
     where = _hunk_at(patch, failed.group(1), int(failed.group(2))) if failed else "a hunk"
     tree = repo.write_tree(index)
     lead = looks_upstreamed(*lines_already_there(patch, lambda path: repo.blob_text(tree, path)), "the baseline")

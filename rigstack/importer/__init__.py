@@ -37,8 +37,6 @@ __all__ = ["ImportResult", "ImportedPatch", "export_mbox", "import_patches", "pr
 
 BASELINE_REF = "refs/import/baseline"
 _TAKEN = re.compile(r"^(\d{4})-")
-_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
-_MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
 
 
 @dataclass(frozen=True)
@@ -269,7 +267,7 @@ def _blob(git: PackageRepo, commit: str, path: str) -> str | None:
 def _failure(git: PackageRepo, raw: Path, index: Path, strip: str, output: str) -> tuple[str, str]:
     if git.apply_to_index(raw, index, strip, "--check", "-R").ok:
         return "already-applied", "its change is already in the baseline or the stack"
-    failed, missing = _FAILED_AT.search(output), _MISSING.search(output)
+    failed, missing = applier.GIT_APPLY_FAILED_AT.search(output), applier.GIT_APPLY_MISSING.search(output)
     if missing:
         return "missing-file", f"{PACKAGE}/{missing.group(1)} does not exist in the baseline"
     where = f"{PACKAGE}/{failed.group(1)} at line {failed.group(2)}" if failed else "a hunk"
