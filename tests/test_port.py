@@ -277,6 +277,21 @@ def test_bad_sha256_and_bad_versions_are_refused_before_any_work(pair: Pair) -> 
     assert report.state.new.sha256 == sha256_of(pair.new_wheel)
 
 
+def test_base_dir_is_the_old_baseline(pair: Pair) -> None:
+    """--base dir:PATH: a stack made on a package folder (a fork's build) replays from that folder's files."""
+    base = pair.root / "fork-build" / "vllm"
+    shutil.copytree(pair.root / "old" / "vllm", base, ignore=shutil.ignore_patterns(".git"))
+    report = pair.run("report-only", base=f"dir:{base}")
+    assert _statuses(report) == ["clean", "moved", "upstreamed", "conflict", "clean"]
+    old = report.state.old
+    assert (old.version, old.source, old.wheel, old.sha256) == (OLD, f"dir:{base}", None, None)
+    assert old.fingerprint == pair.pins.vllm_fingerprint_gpu
+    applier.apply_stack(parse_source(f"dir:{base}"), load_stack(pair.patches).select("0001")[0], pair.pins)
+    with pytest.raises(UserError, match=f"was patched by rigstack; a port needs the pristine vLLM {OLD} package: "
+                                        "point --base dir: at one, or use --base wheel"):
+        pair.run("start", base=f"dir:{base}")
+
+
 def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
     work = ("--work", str(tmp_path / "build"))
     result = run_apply("port", "--continue", *work)
