@@ -24,7 +24,7 @@ from rigstack.baseline import (Fingerprint, Source, base_wheel, dir_files, ignor
                                parse_base, tracked_entries)
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
-from rigstack.importer.diffs import FileDiff, files_of, stack_diff
+from rigstack.importer.diffs import FileDiff, files_of
 from rigstack.importer.gitrange import PREFIX, read_range
 from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import export_mbox
@@ -186,7 +186,7 @@ def _normalise(git: PackageRepo, item: Incoming, number: str, head: str,
             status, detail = _failure(git, raw, index, strip, forward.output)
             return _replace(row, status=status, detail=detail), head, None
         commit = git.commit_tree(git.write_tree(index), head, f"import: {item.label}\n")
-    diff = stack_diff(git, head, commit, renames=any(entry.rename for entry in files))
+    diff = git.diff(head, commit, renames=any(entry.rename for entry in files))
     if not diff:
         raise UserError(f"{item.label} ({item.subject}) changes nothing; leave it out")
     path = staged / f"{number}-{item.file_slug}.patch"
