@@ -210,8 +210,12 @@ def test_conflict_stops_then_continue_after_a_fix_then_write(pair: Pair) -> None
 
 
 def test_skip_drops_the_patch_and_write_leaves_a_note(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
-    pair.new_sdist.unlink()
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # an index that has no 9.1.0 sdist, without asking the real one
+    # A local index whose file is not what its hash says (a damaged download), instead of the real index.
+    index = pair.root / "index"
+    (index / "simple" / "vllm").mkdir(parents=True)
+    served = shutil.move(pair.new_sdist, index / pair.new_sdist.name)
+    (index / "simple" / "vllm" / "index.html").write_text(f'<a href="../../{served.name}#sha256={"0" * 64}">x</a>\n')
+    monkeypatch.setenv("PIP_INDEX_URL", f"file://{index}/simple/")
     sdist_before = (pair.pins.vllm_sdist, pair.pins.vllm_sdist_sha256)
     pair.run("start")
     area = pair.work / f"port-{OLD}-to-{NEW}"
@@ -223,9 +227,10 @@ def test_skip_drops_the_patch_and_write_leaves_a_note(pair: Pair, monkeypatch: p
     written = pair.run("write")
     assert (pair.pins.vllm_version, (pair.pins.vllm_sdist, pair.pins.vllm_sdist_sha256)) == (NEW, sdist_before)
     assert written.state.notes[-1] == (
-        f"VLLM_SDIST stays {sdist_before[0]}: the package index has no vllm-{NEW}.tar.gz; check VLLM_SDIST in "
-        f"versions.env; until VLLM_SDIST and VLLM_SDIST_SHA256 name vLLM {NEW}'s sdist, scripts/upstream_tests.py "
-        "refuses to run")
+        f"VLLM_SDIST stays {sdist_before[0]}: vllm-{NEW}.tar.gz downloaded damaged (its sha256 is not the index's "
+        f"{'0' * 64}); rerun; until VLLM_SDIST and VLLM_SDIST_SHA256 name vLLM {NEW}'s sdist, "
+        "scripts/upstream_tests.py refuses to run")
+    assert not pair.new_sdist.exists(), "a damaged download is not kept in the cache"
     assert not (pair.patches / "0004-parser-null.patch").exists()
     assert "dropped with --skip" in (pair.patches / "0004-parser-null.dropped").read_text()
 
