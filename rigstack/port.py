@@ -31,7 +31,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -255,8 +255,7 @@ def _base(source: Source, sha256: str | None, pins: Pins) -> _Release:
         version = tag
     if sha256:
         raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
-    release = _release(source, version, None, pins, "--base")
-    return _Release(release.label, release.flavour, None, None, release.files, version)
+    return replace(_release(source, version, None, pins, "--base"), version=version)
 
 
 def _release(source: Source, to: str, sha256: str | None, pins: Pins, option: str = "--from") -> _Release:
