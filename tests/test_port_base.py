@@ -88,7 +88,7 @@ def test_a_series_made_on_0_31_0_imports_with_base_and_ports_onto_the_pin(base_w
     assert stopped.returncode == 1
     report = json.loads(stopped.stdout)
     assert [p["status"] for p in report["patches"]] == ["clean", "refreshed", "upstreamed", "conflict"]
-    clean, refreshed, upstreamed, conflict = report["patches"]
+    _, refreshed, upstreamed, conflict = report["patches"]
     assert refreshed["detail"] == "same change at other lines (offset)"
     assert "already holds the change" in upstreamed["detail"]
     assert [site["file"] for site in conflict["conflicts"]] == [f"vllm/{LORA}"]
@@ -100,7 +100,7 @@ def test_a_series_made_on_0_31_0_imports_with_base_and_ports_onto_the_pin(base_w
 
     versions = tmp_path / "versions.env"
     shutil.copy(REPO_ROOT / "versions.env", versions)
-    run = dict(patches_dir=patches, work_root=work, versions_file=versions)
+    run = {"patches_dir": patches, "work_root": work, "versions_file": versions}
     done = port.port("skip", load_pins(), **run)
     assert [entry.status for entry in done.state.patches] == ["clean", "refreshed", "upstreamed", "dropped"]
     assert done.state.cpu["status"] == "applies", done.state.cpu
@@ -121,8 +121,8 @@ def test_base_refusals_are_one_line_and_cost_nothing(base_wheel: Path, tmp_path:
         (("--base", f"wheel:{pinned}", "--to", pinned), f"--base wheel:{pinned} is vLLM {pinned} already"),
         (("--base", f"wheel:{BASE}", "--base-sha256", "0" * 64, "--to", pinned),
          f"sha256 {sha256_of(base_wheel)} does not match --base-sha256 {'0' * 64}"),
-        (("--base", "wheel:latest", "--to", pinned), "--base 'wheel:latest' is not a source; use wheel, wheel:cpu, "
-                                                     "wheel:X.Y.Z, image:REF or dir:PATH"),
+        (("--base", "wheel:latest", "--to", pinned),
+         "--base 'wheel:latest' is not a source; use wheel, wheel:cpu, wheel:X.Y.Z, image:REF or dir:PATH"),
         (("--base", "image:my-fork", "--to", pinned), "name the image by a tag holding its vLLM version"),
         (("--base", f"dir:{tmp_path}", "--to", pinned), "names no vLLM version (no _version.py)"),
         (("--continue", "--base", f"wheel:{BASE}"), "--base is given when starting a port"),
