@@ -115,6 +115,15 @@ def fetch_sdist(pins: Pins) -> Path:
     return path
 
 
+def release_sdist(version: str) -> Path:
+    """vLLM version's sdist from the wheel cache, downloaded when absent (for `apply.py port --write`, which pins its
+    sha256: nothing pins it before)."""
+    path = wheels_dir() / f"vllm-{version}.tar.gz"
+    if not path.is_file():
+        _download_sdist("vllm", version, path)
+    return path
+
+
 def _download_sdist(name: str, version: str, target: Path) -> None:
     """Through pip's own index client (its index, mirrors, certificates). `pip download` itself cannot: it prepares
     the sdist's metadata first, which needs setuptools-rust and vLLM's other build requirements."""
@@ -142,6 +151,10 @@ def _download_sdist(name: str, version: str, target: Path) -> None:
                 except BaseException:
                     os.unlink(handle.name)
                     raise
+            if links[0].hash_name == "sha256" and sha256_of(Path(handle.name)) != links[0].hash:
+                os.unlink(handle.name)  # the index's own hash: what `port --write` pins must be what it serves
+                raise UserError(f"{target.name} downloaded damaged (its sha256 is not the index's {links[0].hash}); "
+                                "rerun")
             os.chmod(handle.name, 0o644)  # the cache is shared, as the wheels beside it are
             os.replace(handle.name, target)
     except (RequestException, OSError) as error:

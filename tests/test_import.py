@@ -443,6 +443,12 @@ def test_export_mbox_goes_through_git_am_and_imports_back_byte_identical(fork: R
     assert run_import(pins, stack, f"git:{fork.root}@HEAD~1..HEAD").error is None  # the real stack plus a rename
     applied = applier.apply_stack(parse_source(f"dir:{cpu_package}"), load_stack(stack), pins)
     assert applied.error is None
+    # The plain export too: the real stack's patches byte for byte, and the rename stays a rename (it was exported
+    # as a delete plus an 8 KB add).
+    exported = applier.export(cpu_package, tmp_path / "exported")
+    assert [path.name for path in exported] == sorted(path.name for path in stack.glob("*.patch"))
+    for path in exported:
+        assert path.read_bytes() == (stack / path.name).read_bytes(), path.name
     mbox = tmp_path / "stack.mbox"
     assert cli.run(apply_cli.app, ["export", str(cpu_package), "--format", "mbox", "--to", str(mbox)]) == 0
     ascii_subjects = len(load_stack(stack).patches) - 1
