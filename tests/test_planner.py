@@ -361,3 +361,16 @@ def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path) -> N
     # Seed 003's hand-made PP8 layout is no better than the search's.
     glm = plan_for("glm53-cmp170hx-pp8", search_partition=True)
     assert glm["pool_tokens"] >= glm["search"]["given_pool_tokens"] == plan_for("glm53-cmp170hx-pp8")["pool_tokens"]
+
+
+def test_published_predictions_stay_within_five_percent() -> None:
+    """Two of the README's predicted rows (not fitted): seed 002's eight cards against the pool its own block counts
+    give without sidecar ids, and seed 001's FP8 KV step at the utilisation fitted on its first row."""
+    from rigstack.planner import published
+
+    cases = {case.label: case for case in published.CASES}
+    for label in ("seed 002 8 cards NVFP4", "seed 001 + FP8 KV"):
+        case = cases[label]
+        ratio = published.case_plan(case).pool_tokens / case.published
+        assert abs(ratio - 1) < 0.05, (label, ratio)
+    assert published.SEED002_CORE_ONLY == 11_590_000

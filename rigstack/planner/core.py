@@ -89,6 +89,9 @@ class Plan:
         return asdict(self)
 
 
+DrafterKv = Literal["pool", "own"]
+
+
 @dataclass(frozen=True)
 class Request:
     profile: Profile
@@ -102,7 +105,7 @@ class Request:
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
     # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's get_kv_cache_groups (what 0.32.0 does);
     # "own": held apart on the last stage (kv.drafter_own_bytes), the seeds' engines' accounting.
-    drafter_kv: Literal["pool", "own"] = "pool"
+    drafter_kv: DrafterKv = "pool"
 
 
 # --- the model config ------------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rigstack.planner.core import RESERVE, Request, Reserve, plan
+from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
 from rigstack.profiles import Profile, _merge, load_profile
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
@@ -44,7 +44,7 @@ class Case:
     fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": _SEED001_UTIL fitted on it
     # "own": the seed's engine held the drafter's KV apart from the pool, so the comparable plan does too (the
     # pin's own figure, drafter KV in the pool, is shown beside it).
-    drafter_kv: str = "pool"
+    drafter_kv: DrafterKv = "pool"
     compared: str = ""  # what the published figure is, when it is not the seed's logged pool
 
 
@@ -72,8 +72,9 @@ def case_profile(case: Case, util: float | None = None) -> Profile:
     return Profile.model_validate(_merge(base, changes))
 
 
-def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None, drafter_kv: str | None = None):
-    return plan(Request(case_profile(case, util), drafter_kv=drafter_kv or case.drafter_kv), reserve)  # type: ignore
+def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
+              drafter_kv: DrafterKv | None = None) -> Plan:
+    return plan(Request(case_profile(case, util), drafter_kv=drafter_kv or case.drafter_kv), reserve)
 
 
 def table(reserve: Reserve = RESERVE, seed001_util: float = _SEED001_UTIL) -> list[dict[str, Any]]:
