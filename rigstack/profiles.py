@@ -161,6 +161,9 @@ class PlannerHints(_Frozen):
     # embed, head, router, other), used when no checkpoint is present; unset classes count 16.
     bits: dict[str, float] = {}
     drafter_gib: float = Field(0.0, ge=0)  # a separate drafter's weights, on the last stage
+    # The DFlash drafter's config.json keys, used when the drafter folder is not on this machine (its KV layers
+    # and, without drafter_gib, its weights from the shapes).
+    drafter_config: dict[str, Any] = {}
     kernel_block_sizes: tuple[int, ...] = (16,)  # the attention backends' kernel block sizes (hybrid alignment)
     target_sessions: float | None = Field(None, gt=0)  # full-length requests to hold (default: max-num-seqs)
 

@@ -121,19 +121,126 @@ def test_hybrid_block_alignment_equals_vllms(monkeypatch: pytest.MonkeyPatch, kv
 
 
 def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
-    result = plan_for("glm53-cmp170hx-pp8")
+    result = plan(Request(load_profile("glm53-cmp170hx-pp8"), drafter_kv="own")).to_json()
     assert result["groups"] == ["UniformTypeKVCacheSpecs x99"]  # 78 MLA + 21 indexer layers (index_topk_freq 4)
     assert not result["starts"]
     assert "To serve at least one request with the model's max seq len (1048576)" in result["refusal"]
     assert result["pool_tokens"] < 1_048_576
     assert {"pool_tokens", "binding_stage", "stages", "starts", "sessions"} <= set(result)
     assert len(result["stages"]) == 8 and result["stages"][0]["layers"] == 11
-    # The same rig one card wider, at the seed's 0.93, starts.
-    assert plan_for("glm53-cmp170hx-pp9")["starts"]
+    # The same rig one card wider, at the seed's 0.93, starts when the drafter's KV is held apart.
+    assert plan(Request(load_profile("glm53-cmp170hx-pp9"), drafter_kv="own")).starts
+
+
+# --- the DFlash drafter's KV ------------------------------------------------------------------------------------
+
+
+def _drafter(**keys: object) -> object:
+    from transformers import Qwen3Config
+
+    base = {"num_hidden_layers": 2, "hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 64, "intermediate_size": 512, "vocab_size": 1000, "use_sliding_window": True,
+            "sliding_window": 2048, "layer_types": ["sliding_attention"] * 2}
+    return Qwen3Config(**{**base, **keys})
+
+
+def _profile_drafter(profile: object) -> object:
+    from rigstack.planner.core import load_drafter_config
+
+    found = load_drafter_config(profile)
+    assert found is not None
+    return found.config
+
+
+def test_drafter_specs_equal_vllms_attention_layers(tiny_model: Path) -> None:
+    """kv.drafter_specs against a real vLLM Attention layer built as DFlashQwen3Attention builds it (on the CPU
+    twin, with the CPU backend), for a sliding-window and a full layer of a DFlash drafter."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention import Attention
+    from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
+
+    config = EngineArgs(model=str(tiny_model), max_model_len=4096, block_size=128).create_engine_config()
+    # (A drafter mixing sliding and full layers needs the V2 runner, which the CPU twin has not: one of each.)
+    kinds = []
+    for first, draft in ((4, _drafter()), (6, _drafter(use_sliding_window=False, layer_types=None))):
+        setup = kv.KvSetup("Qwen3ForCausalLM", 4096, 8, 2048, 128, cpu=True, drafter=draft)
+        mine = kv.drafter_specs(setup, first, 128)
+        assert list(mine) == [f"model.layers.{first}.self_attn.attn", f"model.layers.{first + 1}.self_attn.attn"]
+        with set_current_vllm_config(config):
+            for i, (name, spec) in enumerate(mine.items()):
+                window, _ = _resolve_layer_attention(draft, i)
+                layer = Attention(draft.num_attention_heads, draft.head_dim, draft.head_dim**-0.5,
+                                  num_kv_heads=draft.num_key_value_heads, cache_config=config.cache_config,
+                                  per_layer_sliding_window=window, prefix=name)
+                assert layer.get_kv_cache_spec(config) == spec
+                kinds.append(type(spec).__name__)
+    assert kinds == ["SlidingWindowSpec"] * 2 + ["FullAttentionSpec"] * 2
+
+
+def test_seed002_drafter_ids_come_from_vllms_sliding_window() -> None:
+    """Seed 002: "at 16 tokens a 1M request needed 2,433 sidecar ids". vLLM's SlidingWindowSpec gives exactly that
+    for a 2,048-token window at PP8 with async scheduling on the V2 runner (9 batches of 4,096 tokens in flight),
+    which is where the profile's drafter window comes from."""
+    from vllm.utils.math_utils import cdiv
+
+    profile = load_profile("cmp170hx-8x-pp8")
+    draft = _profile_drafter(profile)
+    setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 16, pp=8, num_speculative_tokens=7,
+                       speculative_method="dflash", drafter=draft)
+    specs = list(kv.drafter_specs(setup, 45, 16).values())
+    assert len(specs) == 5 and {spec.sliding_window for spec in specs} == {2048}
+    with kv.rig_env(setup):
+        config = kv.vllm_config(setup, None)
+        assert config.max_in_flight_tokens == 9 * 4096
+        assert cdiv(specs[0].max_memory_usage_bytes(config), specs[0].page_size_bytes) == 2433
+
+
+def test_drafter_kv_in_the_pool_is_what_vllm_does() -> None:
+    # GLM-5.3 (layer-outer layout): the MLA and indexer pages cannot be unified with the drafter's, so vLLM's
+    # get_kv_cache_groups falls back to allocating the sliding-window layers as full attention (seed 003:
+    # "without that bound the drafter's KV caps the pool"): one group of 99 + 5 layers, and the last stage binds.
+    pool = plan_for("glm53-cmp170hx-pp8")
+    apart = plan(Request(load_profile("glm53-cmp170hx-pp8"), drafter_kv="own"))
+    assert pool["groups"] == ["UniformTypeKVCacheSpecs x104"]
+    assert pool["binding_stage"] == 7 and pool["pool_tokens"] < apart.pool_tokens / 2
+    assert apart.binding_stage == 2 and any("held apart" in note for note in apart.notes)
+    assert "drafter" in pool["stages"][7]["weights_by_class"]
+    # GLM-5.3-Flash (block-outer, packed): the five drafter layers are their own group, and its 4,608-token pages
+    # make the last stage's blocks the widest.
+    flash = plan_for("cmp170hx-8x-pp8")
+    assert flash["groups"][-1] == "UniformTypeKVCacheSpecs x5" and flash["binding_stage"] == 7
+
+
+def test_drafter_config_without_a_window_is_a_clear_error(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "extends: cmp170hx-8x-pp8\nplanner:\n  drafter_config:\n"
+                                  "    use_sliding_window: false\n")
+    with pytest.raises(UserError, match="the DFlash drafter's config: DFlash sliding attention requires a window"):
+        plan(Request(load_profile(path)))
+
+
+def test_drafter_weights_count_its_embedding_only_under_pp() -> None:
+    draft = _drafter()
+    alone, staged = (weights.drafter_params(draft, 512, shared_embed=shared) for shared in (True, False))
+    assert staged - alone == draft.vocab_size * draft.hidden_size
+    # The fc maps the target's aux states (512 wide, one per drafter layer without target_layer_ids) to 256.
+    assert weights.drafter_params(_drafter(hidden_size=256), 1024, True) - alone == 2 * 512 * 256
+
+
+def test_prefix_caching_puts_the_kda_states_in_align_mode() -> None:
+    from transformers.models.glm5_next.configuration_glm5_next import Glm5NextTextConfig
+
+    text = Glm5NextTextConfig(index_kpool=4)
+    for caching, states in ((False, 1 + 7), (True, 2 + 7)):  # MambaSpec.max_memory_usage_bytes per request
+        setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128, num_speculative_tokens=7,
+                           speculative_method="dflash", enable_prefix_caching=caching)
+        spec = kv.kda_spec(setup, text, 4608, None)
+        config = kv.vllm_config(setup, text)
+        assert spec.max_memory_usage_bytes(config) == states * spec.page_size_bytes
 
 
 def test_glm53_flash_groups_take_the_packed_path() -> None:
-    result = plan_for("cmp170hx-8x-pp8")
+    result = plan(Request(load_profile("cmp170hx-8x-pp8"), drafter_kv="own")).to_json()
     assert result["block_size"] == 4608
     # 34 KDA layers in four Mamba groups, one MLA + indexer group (11 + 11), one tail-ring group.
     assert result["groups"][-2:] == ["UniformTypeKVCacheSpecs x22", "UniformTypeKVCacheSpecs x11"]
@@ -254,3 +361,16 @@ def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path) -> N
     # Seed 003's hand-made PP8 layout is no better than the search's.
     glm = plan_for("glm53-cmp170hx-pp8", search_partition=True)
     assert glm["pool_tokens"] >= glm["search"]["given_pool_tokens"] == plan_for("glm53-cmp170hx-pp8")["pool_tokens"]
+
+
+def test_published_predictions_stay_within_five_percent() -> None:
+    """Two of the README's predicted rows (not fitted): seed 002's eight cards against the pool its own block counts
+    give without sidecar ids, and seed 001's FP8 KV step at the utilisation fitted on its first row."""
+    from rigstack.planner import published
+
+    cases = {case.label: case for case in published.CASES}
+    for label in ("seed 002 8 cards NVFP4", "seed 001 + FP8 KV"):
+        case = cases[label]
+        ratio = published.case_plan(case).pool_tokens / case.published
+        assert abs(ratio - 1) < 0.05, (label, ratio)
+    assert published.SEED002_CORE_ONLY == 11_590_000

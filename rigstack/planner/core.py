@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from rigstack.errors import UserError
 from rigstack.planner import weights as wt
@@ -89,6 +89,9 @@ class Plan:
         return asdict(self)
 
 
+DrafterKv = Literal["pool", "own"]
+
+
 @dataclass(frozen=True)
 class Request:
     profile: Profile
@@ -100,6 +103,9 @@ class Request:
     max_num_seqs: int | None = None
     model: Path | None = None
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
+    # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's get_kv_cache_groups (what 0.32.0 does);
+    # "own": held apart on the last stage (kv.drafter_own_bytes), the seeds' engines' accounting.
+    drafter_kv: DrafterKv = "pool"
 
 
 # --- the model config ------------------------------------------------------------------------------------------
@@ -133,6 +139,35 @@ def load_config(profile: Profile, folder: Path | None) -> tuple[Any, str]:
 
 def _text(config: Any) -> Any:
     return getattr(config, "text_config", None) or config
+
+
+@dataclass(frozen=True)
+class Drafter:
+    config: Any  # transformers' config of the drafter's config.json
+    folder: Path | None  # where its weights are, if here
+    source: str  # where the config came from
+
+
+def load_drafter_config(profile: Profile) -> Drafter | None:
+    """A DFlash drafter's config as transformers reads it (its config.json from the drafter folder, else the
+    profile's planner.drafter_config; DFlash drafters are Qwen3 configs); None without one."""
+    from transformers import AutoConfig
+
+    if (profile.speculative or {}).get("method") != "dflash":
+        return None
+    folder = model_dir(profile.drafter, build=False) if profile.drafter else None
+    if folder is not None and (folder / "config.json").is_file():
+        data, source = json.loads((folder / "config.json").read_text()), str(folder / "config.json")
+    elif profile.planner is not None and profile.planner.drafter_config:
+        data, source = dict(profile.planner.drafter_config), f"profile {profile.name} planner.drafter_config"
+    else:
+        return None
+    kind = data.get("model_type", "qwen3")
+    try:
+        config = AutoConfig.for_model(kind, **{k: v for k, v in data.items() if k != "model_type"})
+    except (ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{source}: transformers cannot build a {kind} config ({error}); fix the keys") from None
+    return Drafter(config, folder, source)
 
 
 # --- the partition ----------------------------------------------------------------------------------------------
@@ -207,6 +242,20 @@ def weight_sizes(profile: Profile, config: Any, folder: Path | None) -> tuple[di
     return wt.sizes_from_shapes(params, bits, linear), f"config shapes x bits per tensor class ({shown})"
 
 
+def drafter_bytes(profile: Profile, draft: Drafter | None, target: Any, pp: int, tp: int) -> float | None:
+    """The drafter's weight bytes on the last stage: planner.drafter_gib when given, else its checkpoint headers,
+    else its config's shapes x bits["drafter"] (16 unset); None when there is no drafter to size."""
+    hints = profile.planner
+    if hints is not None and hints.drafter_gib:
+        return hints.drafter_gib * GIB
+    if draft is None:
+        return None
+    if draft.folder is not None and list(draft.folder.glob("*.safetensors")):
+        return sum(wt.checkpoint_bytes(draft.folder).values()) / tp
+    bits = (hints.bits if hints else {}).get("drafter", wt.DEFAULT_BITS)
+    return wt.drafter_params(draft.config, target.hidden_size, shared_embed=pp == 1) * bits / 8 / tp
+
+
 def skipped_tensors(architecture: str, config: Any, names: list[str]) -> list[str]:
     """Tensors vLLM does not build: GLM-5.3's shared-top-k layers have no indexer (models/deepseek_v32)."""
     if architecture != "GlmMoeDsaForCausalLM":
@@ -246,7 +295,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     batched = int(_flag(profile, "max-num-batched-tokens", DEFAULT_BATCHED_TOKENS))
     spec = profile.speculative or {}
     cpu = profile.flavour == "cpu"
-    from rigstack.planner.kv import KvSetup, size_pool, sparse_workspace_bytes  # vLLM: after the cheap checks
+    draft = load_drafter_config(profile)
+    from rigstack.planner.kv import KvSetup, drafter_own_bytes, size_pool, sparse_workspace_bytes  # vLLM: late
 
     setup = KvSetup(
         architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
@@ -256,7 +306,11 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)), speculative_method=spec.get("method"),
         enable_prefix_caching=bool(_flag(profile, "enable-prefix-caching", False)),
         kernel_block_sizes=tuple(profile.planner.kernel_block_sizes) if profile.planner else (16,), cpu=cpu,
-        mtp_layers=_mtp_layers(profile, text))
+        mtp_layers=_mtp_layers(profile, text), drafter=draft.config if draft else None,
+        drafter_kv_cache_dtype=spec.get("kv_cache_dtype"), model_runner_v2=not cpu,
+        # VllmConfig._set_async_scheduling's default for these configs: on, except PP on the V1 runner (CPU twin).
+        async_scheduling=bool(_flag(profile, "async-scheduling", pp == 1 or not cpu)),
+        kv_cache_layout=profile.env.get("VLLM_KV_CACHE_LAYOUT"))
     bounds = bounds_of(partition)
     notes: list[str] = []
     if cpu:
@@ -276,11 +330,12 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         sizes, source = weight_sizes(profile, config, folder)
         skip = skipped_tensors(architecture, config, list(sizes))
         per_stage = wt.stage_bytes(sizes, bounds, skip, tp, linear_layers(config))
-        drafter = profile.planner.drafter_gib if profile.planner else 0.0
-        if spec and spec.get("method") not in (None, "mtp") and not drafter:
-            notes.append(f"drafter ({spec.get('method')}) weights and KV not modelled: no planner.drafter_gib")
+        drafter = drafter_bytes(profile, draft, text, pp, tp)
+        if spec and spec.get("method") not in (None, "mtp") and drafter is None:
+            notes.append(f"drafter ({spec.get('method')}) weights and KV not modelled: no drafter config.json, "
+                         "planner.drafter_config or planner.drafter_gib")
         if drafter:
-            per_stage[-1]["drafter"] = drafter * GIB
+            per_stage[-1]["drafter"] = drafter
         offload = profile.offload.host_gib * GIB / pp if profile.offload else 0.0
         if offload:
             notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
@@ -289,6 +344,17 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         requested = math.ceil(memory * GIB * util)  # v1/worker/utils.py: ceil(total x util)
         available = [max(0, int(requested - (sum(cls.values()) - offload) - r * GIB))
                      for cls, r in zip(per_stage, reserves)]
+    if setup.drafter is not None and request.drafter_kv == "pool":
+        notes.append(f"DFlash drafter KV in the pool: {setup.drafter.num_hidden_layers} layers on the last stage, "
+                     f"config from {draft.source}")
+    if request.drafter_kv == "own" and setup.drafter is not None:
+        own = drafter_own_bytes(setup, config, bounds[-1][1])
+        if not cpu:
+            reserves[-1] += own / GIB
+            available[-1] = max(0, available[-1] - own)
+        notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the seeds' "
+                     "engines hold it; vLLM 0.32.0 puts it in the pool")
+        setup = replace(setup, drafter=None)
     kv = size_pool(setup, config, bounds, available)
     stages = []
     for i, (first, end) in enumerate(bounds):

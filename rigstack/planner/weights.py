@@ -121,3 +121,20 @@ def sizes_from_shapes(params: dict[str, int], bits: dict[str, float],
                       linear_layers: frozenset[int] = frozenset()) -> dict[str, float]:
     return {name: count * bits.get(tensor_class(name, linear_layers), bits.get("other", DEFAULT_BITS)) / 8
             for name, count in params.items()}
+
+
+def drafter_params(draft_config: Any, target_hidden: int, shared_embed: bool) -> int:
+    """Parameters vLLM builds for a DFlash drafter (models/qwen3_dflash.py DFlashQwen3Model): its Qwen3 decoder
+    layers and norms (transformers' class on the meta device), the fc that maps the target's aux hidden states
+    (target hidden x aux layers, from dflash_config.target_layer_ids) to its width, and hidden_norm. It shares the
+    target's lm_head unless has_own_lm_head; its embedding is the target's (maybe_share_target_embed) except under
+    PP, where the last stage has none to share and the drafter loads its own copy (seed 002: "the draft
+    embed_tokens ... loaded from the checkpoint"). DFlash2's small grouped-conv taps are not counted."""
+    params = shape_params(draft_config)
+    aux = len((getattr(draft_config, "dflash_config", None) or {}).get("target_layer_ids") or ()) \
+        or draft_config.num_hidden_layers
+    hidden = draft_config.hidden_size
+    kept = sum(count for name, count in params.items()
+               if not (name.startswith("lm_head.") and not getattr(draft_config, "has_own_lm_head", False))
+               and not ("embed_tokens" in name and shared_embed))
+    return kept + target_hidden * aux * hidden + hidden
