@@ -106,6 +106,52 @@ def drafter(ctx: Context) -> Result:
     return check_weights("drafter", weights, folder, read_config(folder))
 
 
+def drafter_windows(config: dict[str, Any]) -> list[int | None]:
+    """Each DFlash drafter layer's KV window in tokens (None: full context), read as vLLM 0.32.0 does
+    (model_executor/models/qwen3_dflash.py, _resolve_layer_attention). A sliding layer without a window size is 0:
+    vLLM refuses to build it."""
+    dflash = config.get("dflash_config") or {}
+    layers = config.get("num_hidden_layers") or 0
+    types = config.get("layer_types")
+    if types is None or (dflash.get("use_swa") and "sliding_attention" not in types):
+        sliding = [bool(dflash.get("use_swa"))] * (len(types) if types else layers)
+    else:
+        sliding = [kind == "sliding_attention" for kind in types]
+    window = dflash.get("swa_window_size", config.get("sliding_window")) or 0
+    return [window if is_sliding else None for is_sliding in sliding]
+
+
+@check("drafter-kv")
+def drafter_kv(ctx: Context) -> Result:
+    """Seed 003: the DFlash2 drafter's BF16 KV is window-bounded to 2,048 tokens; "without that bound the drafter's
+    KV caps the pool at about 0.96M tokens". vLLM counts a sliding drafter layer at its window only with the hybrid
+    KV cache manager, so a drafter without a window, or with the manager off, takes full-context KV."""
+    weights, spec = ctx.profile.drafter, ctx.profile.speculative or {}
+    if weights is None or not str(spec.get("method", "")).startswith("dflash"):
+        return skip("no DFlash drafter")
+    folder = model_dir(weights, build=False)
+    config = read_config(folder)
+    if config is None:
+        return skip(f"drafter config not readable ({folder or weights.path}/config.json)")
+    windows = drafter_windows(config)
+    where = f"{folder}/config.json"
+    if 0 in windows:
+        return fail(f"drafter sliding-window layers without a window size in {where} (vLLM refuses to build them)",
+                    f'set "swa_window_size": 2048 in dflash_config of {where}')
+    full = sum(window is None for window in windows)
+    if full:
+        return warn(f"{full} of {len(windows)} drafter layers have no sliding window: their KV spans the whole "
+                    "context (seed 003: without a 2,048-token bound the drafter's KV caps the pool at about 0.96M "
+                    "tokens)",
+                    f'use a window-bounded drafter, or add "use_swa": true, "swa_window_size": 2048 to dflash_config '
+                    f"in {where} if it was trained with that window")
+    if ctx.profile.vllm.get("disable-hybrid-kv-cache-manager"):
+        return warn(f"drafter KV is window-bounded ({max(windows)} tokens), but the hybrid KV cache manager is off, "
+                    "so vLLM counts those layers at full context (seed 003: the pool capped at about 0.96M tokens)",
+                    "remove disable-hybrid-kv-cache-manager from the profile's vllm flags")
+    return passed(f"drafter KV window-bounded: {len(windows)} layer(s), {max(windows)} tokens")
+
+
 def layer_count(ctx: Context) -> int | None:
     config = ctx.model_config
     have = _field(config, "num_hidden_layers") if config else None

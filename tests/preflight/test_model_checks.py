@@ -131,3 +131,56 @@ def test_disk_for_missing_weights(tmp_path: Path) -> None:
                       name="fits")
     assert_status(model.disk(context(fits, model=tmp_path / "w")), Status.PASS)
     assert model.disk(context("cpu-tiny", model=model_folder(tmp_path))).status is Status.SKIP
+
+
+def _dflash_profile(tmp_path: Path, config: dict | None, vllm: str = ""):
+    """seed 002's PP8 DFlash2 rig, its drafter at tmp_path/drafter with `config` (None: no folder)."""
+    folder = tmp_path / "drafter"
+    if config is not None:
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+    return profile_at(tmp_path, f"extends: cmp170hx-8x-pp8\ndrafter:\n  path: {folder}\n{vllm}"), folder
+
+
+DFLASH2_SWA = {"architectures": ["DFlash2DraftModel"], "num_hidden_layers": 5,
+               "layer_types": ["sliding_attention"] * 5, "dflash_config": {"swa_window_size": 2048}}
+
+
+@pytest.mark.parametrize("config", [
+    {**DFLASH2_SWA, "layer_types": None, "dflash_config": {"use_swa": True, "swa_window_size": 2048}},
+    {**DFLASH2_SWA, "dflash_config": {}, "sliding_window": 2048},
+    DFLASH2_SWA,
+])
+def test_window_bounded_drafter_passes(tmp_path: Path, config: dict) -> None:
+    profile, _ = _dflash_profile(tmp_path, config)
+    assert_status(model.drafter_kv(context(profile)), Status.PASS, "5 layer(s), 2048 tokens")
+
+
+def test_drafter_without_a_window_warns_with_the_fix(tmp_path: Path) -> None:
+    # seed 003: "without that bound the drafter's KV caps the pool at about 0.96M tokens"
+    profile, folder = _dflash_profile(tmp_path, {**DFLASH2_SWA, "layer_types": ["full_attention"] * 5,
+                                                 "dflash_config": {}})
+    result = model.drafter_kv(context(profile))
+    assert_status(result, Status.WARN, "5 of 5 drafter layers have no sliding window", "about 0.96M tokens")
+    assert f"{folder}/config.json" in result.fix and '"swa_window_size": 2048' in result.fix
+    (tmp_path / "m").mkdir()
+    mixed, _ = _dflash_profile(tmp_path / "m", {**DFLASH2_SWA,
+                                                "layer_types": ["sliding_attention"] * 4 + ["full_attention"]})
+    assert_status(model.drafter_kv(context(mixed)), Status.WARN, "1 of 5 drafter layers")
+
+
+def test_window_without_a_size_fails_and_hybrid_manager_off_warns(tmp_path: Path) -> None:
+    (tmp_path / "a").mkdir()
+    sizeless, _ = _dflash_profile(tmp_path / "a", {**DFLASH2_SWA, "dflash_config": {}})
+    assert_status(model.drafter_kv(context(sizeless)), Status.FAIL, "without a window size")
+    (tmp_path / "b").mkdir()
+    off, _ = _dflash_profile(tmp_path / "b", DFLASH2_SWA, "vllm:\n  disable-hybrid-kv-cache-manager: true\n")
+    result = model.drafter_kv(context(off))
+    assert_status(result, Status.WARN, "hybrid KV cache manager is off")
+    assert "disable-hybrid-kv-cache-manager" in result.fix
+
+
+def test_drafter_kv_skips_without_a_dflash_drafter_or_its_config(tmp_path: Path) -> None:
+    assert_status(model.drafter_kv(context("cpu-tiny")), Status.SKIP, "no DFlash drafter")
+    profile, folder = _dflash_profile(tmp_path, None)
+    assert_status(model.drafter_kv(context(profile)), Status.SKIP, f"{folder}/config.json")
