@@ -200,10 +200,11 @@ def refuse_if_serving(run_dir: Path, stop_hint: str) -> None:
 
 
 def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
-          container: str | None = None) -> tuple[subprocess.Popen[bytes], RunRecord]:
-    """Start the process detached in its own session (so stop() can signal the whole group) and record it."""
+          container: str | None = None, check_port: bool = True) -> tuple[subprocess.Popen[bytes], RunRecord]:
+    """Start the process detached in its own session (so stop() can signal the whole group) and record it.
+    check_port=False for a process on another host (rigstack.multinode), whose port this host cannot see."""
     refuse_if_serving(run_dir, f"{STOP_HINT} --run-dir {run_dir}")
-    if port_taken(url):
+    if check_port and port_taken(url):
         raise UserError(f"{url} already answers: another server holds the port; stop it or change the port")
     run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
@@ -416,9 +417,14 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
     """Preflight, then start the profile's server(s) and wait for each; they keep running after this returns.
     Replicas start one after another, each once the one before answers (they must not load at the same time)."""
     from rigstack.preflight.runner import EXIT_FAIL, run_preflight
+    from rigstack.replicas import with_router
 
     profile = load_profile(profile_name)
-    units = planned_units(profile, model, run_dir)
+    if profile.hosts:
+        from rigstack.multinode import serve_hosts  # one engine across hosts on Ray
+
+        return serve_hosts(profile_name, run_dir=run_dir, model=model, dry_run=dry_run)
+    units = with_router(profile, planned_units(profile, model, run_dir), run_dir)
     if dry_run:
         print("\n\n".join(format_command(unit.argv, unit.env) for unit in units))
         return 0
@@ -448,8 +454,11 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
 
 
 def stop_all(run_dir: Path) -> int:
-    """Stop the server recorded in run_dir and those in its replica-N folders; how many were running."""
-    folders = [run_dir, *sorted(run_dir.glob("replica-*"))]
+    """Stop the router, the server recorded in run_dir and those in its replica-N folders; how many were running.
+    The router goes first, so that no request is sent to a replica being stopped."""
+    from rigstack.replicas import ROUTER_DIR
+
+    folders = [run_dir / ROUTER_DIR, run_dir, *sorted(run_dir.glob("replica-*")), *sorted(run_dir.glob("ray-*"))]
     return sum(stop(folder) for folder in folders)
 
 

@@ -125,6 +125,28 @@ class Parallel(_Frozen):
     pp: int = Field(1, ge=1, le=MAX_UNITS)
     replicas: int = Field(1, ge=1, le=MAX_UNITS)  # independent tp x pp units on distinct GPUs, ports port, port+1, ...
     partition: tuple[int, ...] | None = None  # layers per PP stage, rendered as VLLM_PP_LAYER_PARTITION
+    # GPU indices per replica (seed 004: [[0, 1], [2, 3], ...]); replica i takes set i. Unset: consecutive runs.
+    gpu_sets: tuple[tuple[Annotated[int, Field(ge=0)], ...], ...] | None = None
+
+    @model_validator(mode="after")
+    def _gpu_sets_fit(self) -> Parallel:
+        """Bad sets fail at load, before anything starts: each replica needs its own, whole set."""
+        if self.gpu_sets is None:
+            return self
+        if len(self.gpu_sets) < self.replicas:
+            raise ValueError(f"'gpu_sets': {self.replicas} replicas but only {len(self.gpu_sets)} GPU set(s); "
+                             "lower parallel.replicas or list more sets")
+        owner: dict[int, int] = {}
+        for index, gpus in enumerate(self.gpu_sets):
+            if len(gpus) != self.gpus_per_replica:
+                raise ValueError(f"'gpu_sets': set {index} {list(gpus)} has {len(gpus)} GPU(s), a replica of tp "
+                                 f"{self.tp} x pp {self.pp} needs {self.gpus_per_replica}")
+            for gpu in gpus:
+                if gpu in owner:
+                    raise ValueError(f"'gpu_sets': GPU {gpu} is in set {owner[gpu]} and set {index}; give each "
+                                     "replica its own GPUs")
+                owner[gpu] = index
+        return self
 
     @property
     def gpus_per_replica(self) -> int:
@@ -173,6 +195,38 @@ class Docker(_Frozen):
     ipc: Word = "host"
 
 
+class Router(_Frozen):
+    """vllm-router in front of the replicas (rigstack.replicas), on the public port."""
+
+    policy: Literal["cache_aware", "round_robin", "consistent_hash", "power_of_two", "random"] = "cache_aware"
+    port: int = Field(ge=1, le=65535)  # the public port; the replicas keep port, port+1, ...
+    metrics_port: int = Field(29000, ge=1, le=65535)  # the router's own Prometheus port (it always opens one)
+    health_check_interval_s: int = Field(5, ge=1, le=3600)  # how soon a dead replica leaves rotation
+    health_failure_threshold: int = Field(2, ge=1, le=100)
+    health_success_threshold: int = Field(1, ge=1, le=100)
+    # cache_aware balances by in-flight requests only once (max - min) > this (router default 64): with a few
+    # running requests per replica, as seed 004's four, the default never balances.
+    balance_abs_threshold: int = Field(64, ge=0, le=1_000_000)
+
+
+class RayCluster(_Frozen):
+    """The ports of a Ray cluster across hosts (rigstack.multinode); fixed, so a firewall can open them."""
+
+    port: int = Field(6379, ge=1, le=65535)  # the head's GCS
+    node_manager_port: int = Field(6380, ge=1, le=65535)
+    object_manager_port: int = Field(6381, ge=1, le=65535)
+    min_worker_port: int = Field(10002, ge=1, le=65535)
+    max_worker_port: int = Field(10200, ge=1, le=65535)
+
+
+class Host(_Frozen):
+    """One machine of a multi-host profile; the first is the Ray head and runs `vllm serve`."""
+
+    address: Word  # the address the others reach it at
+    gpus: int = Field(ge=1, le=MAX_UNITS)  # GPUs (or, on cpu profiles, pipeline stages) this host holds
+    ssh: Word | None = None  # ssh destination when it differs from the address (user@name)
+
+
 class Profile(_Frozen):
     name: str
     description: str
@@ -187,6 +241,9 @@ class Profile(_Frozen):
     planner: PlannerHints | None = None
     env: dict[str, str] = {}
     vllm: dict[str, Any] = {}  # long flag name without dashes in front -> value (see rigstack.render)
+    router: Router | None = None
+    hosts: tuple[Host, ...] = ()  # two or more: one engine across hosts on Ray (rigstack.multinode)
+    ray: RayCluster = RayCluster()
     image: Word | None = None
     docker: Docker = Docker()
     host: Word = "0.0.0.0"
@@ -265,11 +322,37 @@ class Profile(_Frozen):
                              f"{self.parallel.pp}; give one layer count per stage")
         if self.flavour == "cpu" and self.hardware.gpu_name is not None:
             raise ValueError("'hardware.gpu_name': a cpu profile matches no GPU; remove it")
+        if self.router is not None and self.router.port in range(self.port, self.port + self.parallel.replicas):
+            raise ValueError(f"'router.port': {self.router.port} is also a replica's port ({self.port} to "
+                             f"{self.port + self.parallel.replicas - 1}); move port: or router.port")
+        if self.hosts:
+            self._check_hosts()
         return self
+
+    def _check_hosts(self) -> None:
+        addresses = [host.address for host in self.hosts]
+        twice = next((address for address in addresses if addresses.count(address) > 1), None)
+        if twice:
+            raise ValueError(f"'hosts': {twice} is listed twice; each host once")
+        if len(self.hosts) < 2:
+            raise ValueError("'hosts': one host needs no Ray cluster; remove hosts: or list two or more")
+        if self.parallel.replicas != 1 or self.router is not None:
+            raise ValueError("'hosts': one engine spans the hosts; replicas and router do not combine with hosts:")
+        total = sum(host.gpus for host in self.hosts)
+        if total != self.parallel.gpus_per_replica:
+            raise ValueError(f"'hosts': the hosts hold {total} GPU(s) but tp {self.parallel.tp} x pp "
+                             f"{self.parallel.pp} needs {self.parallel.gpus_per_replica}; make them agree")
 
     @property
     def gpus_needed(self) -> int:
-        return 0 if self.flavour == "cpu" else self.parallel.gpus
+        """GPUs this host must have: the head's share across hosts; with gpu_sets, up to the highest index used."""
+        if self.flavour == "cpu":
+            return 0
+        if self.hosts:
+            return self.hosts[0].gpus
+        if self.parallel.gpu_sets:
+            return 1 + max(gpu for gpus in self.parallel.gpu_sets[:self.parallel.replicas] for gpu in gpus)
+        return self.parallel.gpus
 
     @property
     def speculative(self) -> dict[str, Any] | None:

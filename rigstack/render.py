@@ -14,7 +14,8 @@ API (what the launcher uses):
         ["docker", "run", "--rm", "--name", ..., "--gpus", ..., "-e", "K=V", ..., "-v", "host:container:ro", ...,
          "--entrypoint", "python3", profile.image, "-m", "vllm.entrypoints.openai.api_server", ...]
         Raises UserError when the profile names no image.
-    compose(profile: Profile, *, model: Path | None = None) -> dict   (yaml.safe_dump it): one service per replica.
+    compose(profile: Profile, *, model: Path | None = None) -> dict   (yaml.safe_dump it): one service per replica,
+        and a `router` service after them when the profile has `router:` (rigstack.replicas).
 Profiles come from rigstack.profiles.load_profile(name_or_path) -> Profile (frozen pydantic model); the fields the
 launcher needs: profile.name, .port, .health_timeout_s, .image, .model.served_name, .flavour ("gpu"|"cpu").
 Model paths: profile.model.path is a host path, or "tiny:dense" / "tiny:moe" which rigstack.profiles.model_dir()
@@ -82,7 +83,10 @@ def _check_replica(profile: Profile, replica: int) -> None:
 
 
 def replica_gpus(profile: Profile, replica: int) -> list[int]:
-    """Replica i owns the i-th run of tp x pp consecutive GPUs (seed 004: pairs 0-1, 2-3, ...)."""
+    """Replica i owns parallel.gpu_sets[i], else the i-th run of tp x pp consecutive GPUs (seed 004: pairs 0-1,
+    2-3, ...)."""
+    if profile.parallel.gpu_sets:
+        return list(profile.parallel.gpu_sets[replica])
     per = profile.parallel.gpus_per_replica
     return list(range(replica * per, (replica + 1) * per))
 
@@ -175,4 +179,8 @@ def compose(profile: Profile, *, model: Path | None = None) -> dict[str, Any]:
             service["depends_on"] = {previous: {"condition": "service_healthy"}}
         previous = f"{profile.name}-{replica}"
         services[previous] = service
+    if profile.router is not None:
+        from rigstack.replicas import compose_router  # it imports the launcher, which imports this module
+
+        services["router"] = compose_router(profile, list(services))
     return {"services": services}

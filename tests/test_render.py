@@ -83,6 +83,7 @@ def test_compose_one_service_per_replica(tmp_path: Path) -> None:
     profile_path.write_text("extends: rtxpro6000-tp2-replicas\nparallel:\n  replicas: 4\n")
     data = yaml.safe_load(yaml.safe_dump(compose(load_profile(profile_path))))
     services = data["services"]
+    assert services.pop("router")["depends_on"]["four-3"] == {"condition": "service_healthy"}
     assert list(services) == ["four-0", "four-1", "four-2", "four-3"]
     devices = [s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] for s in services.values()]
     assert devices == [["0", "1"], ["2", "3"], ["4", "5"], ["6", "7"]]

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
+from rigstack.replicas import public_ports
 
 GIB = 1024**3
 SHM = Path("/dev/shm")
@@ -26,7 +27,7 @@ def port_in_use(host: str, port: int) -> bool:
 @check("port")
 def port(ctx: Context) -> Result:
     profile = ctx.profile
-    ports = [profile.port + replica for replica in range(profile.parallel.replicas)]
+    ports = public_ports(profile)
     busy = [p for p in ports if port_in_use(profile.host, p)]
     if busy:
         return fail(f"port {busy[0]} on {profile.host} is in use",
