@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -21,15 +21,15 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Apply rigstack's patch stack to vLLM. Add --debug anywhere for tracebacks.")
 
 FromOpt = Annotated[str, typer.Option("--from", help="wheel | wheel:cpu | image:REF | dir:PATH")]
-OutOpt = Annotated[Optional[Path], typer.Option(help="work folder for wheel/image sources [build/vllm-<version>]")]
+OutOpt = Annotated[Path | None, typer.Option(help="work folder for wheel/image sources [build/vllm-<version>]")]
 PatchesOpt = Annotated[Path, typer.Option(help="the patch folder")]
-UntilOpt = Annotated[Optional[str], typer.Option(help="apply patches up to and including this id")]
-OnlyOpt = Annotated[Optional[str], typer.Option(help="comma-separated ids to apply, nothing else")]
+UntilOpt = Annotated[str | None, typer.Option(help="apply patches up to and including this id")]
+OnlyOpt = Annotated[str | None, typer.Option(help="comma-separated ids to apply, nothing else")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
 PackageArg = Annotated[Path, typer.Argument(help="a patched vllm package folder")]
 
 
-def _run(source: str, out: Optional[Path], patches: Path, until: Optional[str], only: Optional[str], as_json: bool,
+def _run(source: str, out: Path | None, patches: Path, until: str | None, only: str | None, as_json: bool,
          dry_run: bool) -> int:
     stack, notes = load_stack(patches).select(until, tuple(filter(None, (only or "").split(","))))
     notes += stack.unfilled_notes()
@@ -91,7 +91,7 @@ def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder fo
 def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an mbox, a quilt folder, git:PATH@A..B",
                                                          show_default=False)],
             patches: PatchesOpt = DEFAULT_PATCHES_DIR,
-            start: Annotated[Optional[str], typer.Option(help="first new id (default: after the last one taken)")]
+            start: Annotated[str | None, typer.Option(help="first new id (default: after the last one taken)")]
             = None,
             base: Annotated[str, typer.Option(help="the vLLM the patches were made on: wheel | wheel:cpu | "
                                               "image:REF | dir:PATH")] = "wheel",
@@ -116,9 +116,9 @@ def diff(package: PackageArg) -> int:
 
 
 @app.command()
-def port(to: Annotated[Optional[str], typer.Option("--to", help="the vLLM release to port to, e.g. 0.33.0")] = None,
+def port(to: Annotated[str | None, typer.Option("--to", help="the vLLM release to port to, e.g. 0.33.0")] = None,
          source: FromOpt = "wheel", patches: PatchesOpt = DEFAULT_PATCHES_DIR, as_json: JsonOpt = False,
-         sha256: Annotated[Optional[str], typer.Option(help="expected sha256 of the new wheel")] = None,
+         sha256: Annotated[str | None, typer.Option(help="expected sha256 of the new wheel")] = None,
          cont: Annotated[bool, typer.Option("--continue", help="go on after fixing a conflict")] = False,
          skip: Annotated[bool, typer.Option("--skip", help="drop the conflicting patch, go on")] = False,
          abort: Annotated[bool, typer.Option("--abort", help="remove the port: back to before it")] = False,

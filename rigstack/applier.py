@@ -556,8 +556,8 @@ def _compile_errors(repo: PackageRepo, start: str, commit: str,
 
 def commit_message(patch: Patch, status: str) -> str:
     # A short first line keeps `git log --oneline` readable; export drops it again.
-    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\nRigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\n"
-            f"Rigstack-Status: {status}\n")
+    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\n"
+            f"Rigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\nRigstack-Status: {status}\n")
 
 
 def _trailers(message: str) -> dict[str, str]:

@@ -110,7 +110,8 @@ def first_difference(files: dict[str, str], pins: Pins, flavours: tuple[str, ...
         if not wheel.is_file():
             continue
         expected = _record_hashes(wheel)
-        differences = [f"{PACKAGE}/{path} ({'missing' if path not in files else 'extra' if path not in expected else 'changed'})"
+        differences = [f"{PACKAGE}/{path} "
+                       f"({'missing' if path not in files else 'extra' if path not in expected else 'changed'})"
                        for path in sorted(set(expected) | set(files)) if expected.get(path) != files.get(path)]
         if best is None or len(differences) < len(best):
             best = differences

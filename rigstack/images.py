@@ -329,7 +329,7 @@ def build_image(rig: RigImage, *, package: Path | None = None, base: str | None 
             f"{OCI}source": source,
             f"{OCI}revision": revision,
             f"{OCI}version": f"{__version__}+vllm{pins.vllm_version}",
-            f"{OCI}created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            f"{OCI}created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             f"{OCI}base.name": ref,
             f"{OCI}base.digest": base_digest,
             f"{LABEL}rig": rig.rig,

@@ -157,8 +157,8 @@ class Stack:
             if reverter is None or reverter in ids:
                 continue
             if only:
-                raise UserError(f"patch {patch.id} is reverted by {reverter} later in the stack; applying it on its own "
-                                f"is refused: select both or neither (--only {patch.id},{reverter})")
+                raise UserError(f"patch {patch.id} is reverted by {reverter} later in the stack; applying it on its "
+                                f"own is refused: select both or neither (--only {patch.id},{reverter})")
             notes.append(f"stopping between {patch.id} and its revert {reverter}: {patch.id}'s change is live here "
                          "but not in the full stack")
         for patch in chosen:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass
 def main(
     pristine: Annotated[Path, typer.Option(help="the unpatched vllm package folder (with its .so files)")],
     patched: Annotated[Path, typer.Option(help="the same package with the stack applied")],
-    only: Annotated[Optional[str], typer.Option(help="comma-separated patch ids to prove, nothing else")] = None,
+    only: Annotated[str | None, typer.Option(help="comma-separated patch ids to prove, nothing else")] = None,
     markers: Annotated[str, typer.Option(help="pytest -m expression choosing the tests")] = patchtests.DEFAULT_MARKERS,
     patches: Annotated[Path, typer.Option(help="the patch folder")] = DEFAULT_PATCHES_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")] = False,

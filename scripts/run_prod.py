@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -25,7 +25,7 @@ RunDirOpt = Annotated[Path, typer.Option(help="where the pid record and server.l
 @app.callback(invoke_without_command=True)
 def main(ctx: typer.Context,
          profile: Annotated[str, typer.Option("--profile", "-p", help="profile name or YAML path")] = DEFAULT_PROFILE,
-         model: Annotated[Optional[Path], typer.Option(help="model folder, instead of the profile's")] = None,
+         model: Annotated[Path | None, typer.Option(help="model folder, instead of the profile's")] = None,
          run_dir: RunDirOpt = DEFAULT_RUN_DIR,
          dry_run: Annotated[bool, typer.Option("--dry-run",
                                                help="print the launch as a shell command; start nothing")] = False,

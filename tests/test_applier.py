@@ -198,7 +198,8 @@ def test_symlinks_are_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, message", [
     ("no header at all\n", "expected header lines"),
     ("Subject: s\n---\ndiff --git a/vllm/x.py b/vllm/x.py\n", "missing Why"),
-    ("Subjet: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n---\ndiff --git a/vllm/x b/vllm/x\n",
+    ("Subjet: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n---\n"
+     "diff --git a/vllm/x b/vllm/x\n",
      "unknown header field 'Subjet'"),
 ])
 def test_malformed_patch_files_are_named(tmp_path: Path, text: str, message: str) -> None:

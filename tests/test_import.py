@@ -410,8 +410,8 @@ def _syntax_error(fork: Repo, tmp_path: Path) -> str:
                                                       "line 18 does not apply; nothing was written"),
     (_changed_context("import functools", "import functools2"),
      "changed.patch (will not apply): vllm/parser/qwen3.py at line 18 applies only with fuzz"),
-], ids=["already-applied", "compile-error", "corrupt-mbox", "merge", "other-package", "other-baseline", "missing-series-file", "outside-vllm", "binary",
-        "symlink", "conflict", "fuzz"])
+], ids=["already-applied", "compile-error", "corrupt-mbox", "merge", "other-package", "other-baseline",
+        "missing-series-file", "outside-vllm", "binary", "symlink", "conflict", "fuzz"])
 def test_bad_input_is_one_line_and_changes_nothing(make, message: str, fork: Repo, two_patches: Path,
                                                    tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     source = make(fork, tmp_path)

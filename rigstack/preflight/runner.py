@@ -16,7 +16,12 @@ from rich.table import Table
 from rich.text import Text
 
 from rigstack.errors import UserError
-from rigstack.preflight import hardware, host, model, package, settings  # noqa: F401 - registers the checks
+# Imported (hardware too) for their side effect: each module registers its checks in CHECKS.
+import rigstack.preflight.host  # noqa: F401
+import rigstack.preflight.model  # noqa: F401
+import rigstack.preflight.package  # noqa: F401
+import rigstack.preflight.settings  # noqa: F401
+from rigstack.preflight import hardware
 from rigstack.preflight.core import CHECKS, Context, Result, Status, fail
 from rigstack.preflight.knowledge import find_package, search_path
 from rigstack.preflight.nvml import scan

@@ -14,7 +14,7 @@ import platform
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -63,7 +63,7 @@ class Result(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     kind: str
-    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     provenance: Provenance
     metrics: dict[str, Metric]
     rows: list[dict[str, Any]] = Field(default_factory=list)

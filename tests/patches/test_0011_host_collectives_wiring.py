@@ -60,6 +60,6 @@ def test_the_switch_routes_tp_collectives_through_host_memory() -> None:
 
 @pytest.mark.upstream_guard
 def test_without_the_switch_the_stock_path_serves() -> None:
-    for rank, kind, _, reduced_ok, gathered_ok in _run("0"):
+    for _rank, kind, _, reduced_ok, gathered_ok in _run("0"):
         assert kind is None
         assert reduced_ok and gathered_ok
