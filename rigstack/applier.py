@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rigstack import __version__
+from rigstack.atomic import write_atomic
 from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, dir_files, first_difference,
                                image_files, match_flavour, pinned_wheel_files, tracked_entries)
 from rigstack.cache import cache_dir, wheels_dir
@@ -28,7 +29,7 @@ from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import SEPARATOR, Patch, Stack, stack_hash
 from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
-from rigstack.versions import FLAVOURS, Pins
+from rigstack.versions import FLAVOURS, Pins, package_version
 
 COMBINED_DIFF = "all-changes-vs-baseline.diff"
 JOURNAL = "applying.json"
@@ -603,10 +604,7 @@ def _stamp_for(repo: PackageRepo, result: StackResult, baseline: str, head: str,
 
 
 def _version_of(repo: PackageRepo, commit: str) -> str:
-    text = repo.run("cat-file", "blob", f"{commit}:_version.py", check=False) if commit else ""
-    match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)", text) or \
-        re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
-    return match.group(1) if match else "unknown"
+    return package_version((repo.blob_text(commit, "_version.py") if commit else None) or "") or "unknown"
 
 
 def _checkout(repo: PackageRepo, old: str, new: str, stamp: Stamp) -> None:
@@ -639,10 +637,7 @@ def _recover(repo: PackageRepo) -> tuple[str, ...]:
 def _finish(result: StackResult, repo: PackageRepo) -> StackResult:
     stamp = read_stamp(repo.package)
     assert stamp is not None
-    diff_path = repo.git_dir.parent / COMBINED_DIFF
-    tmp = diff_path.with_suffix(".tmp")
-    tmp.write_text(repo.diff(stamp.baseline_commit, stamp.head_commit))
-    os.replace(tmp, diff_path)
+    diff_path = write_atomic(repo.git_dir.parent / COMBINED_DIFF, repo.diff(stamp.baseline_commit, stamp.head_commit))
     return _replace(result, written=True, combined_diff=str(diff_path))
 
 
@@ -702,11 +697,7 @@ def export(package: Path, to: Path) -> list[Path]:
         if not diff:
             left_out.append(trailer["Rigstack-Patch"])
             continue
-        target = to / trailer["Rigstack-Patch"]
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes((header + SEPARATOR + diff).encode())
-        os.replace(tmp, target)
-        written.append(target)
+        written.append(write_atomic(to / trailer["Rigstack-Patch"], header + SEPARATOR + diff))
     if left_out:
         raise UserError(f"{to}: wrote {len(written)} of {len(commits)} patch files; left out {', '.join(left_out)}: "
                         "the baseline already held their change (already-applied), so their commits hold no diff "

@@ -31,6 +31,7 @@ import typer
 from rich.table import Table
 
 from rigstack import __version__
+from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
 from rigstack.cli import console, run
 from rigstack.dockerapi import connect, local_image
@@ -389,11 +390,7 @@ def _stream_build(client: docker.DockerClient, context: Path, tag: str, build_ar
 
 def _record(result: BuildResult, records_dir: Path) -> BuildResult:
     """The last build of each rig, for people and for the launcher: build/images/RIG.json."""
-    records_dir.mkdir(parents=True, exist_ok=True)
-    path = records_dir / f"{result.rig}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.__dict__, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(records_dir / f"{result.rig}.json", json.dumps(result.__dict__, indent=2) + "\n")
     return result
 
 

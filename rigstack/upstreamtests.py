@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rigstack import patchtests
+from rigstack.atomic import replacing
 from rigstack.baseline import _check_sha256, sha256_of
 from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
@@ -133,17 +134,11 @@ def _download_sdist(name: str, version: str, target: Path) -> None:
             links = [found.link for found in finder.find_all_candidates(name) if found.link.filename == target.name]
             if not links:
                 raise UserError(f"the package index has no {target.name}; check VLLM_SDIST in versions.env")
-            with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".download-", delete=False) as handle:
-                try:
-                    response = session.get(links[0].url_without_fragment, stream=True)
-                    response.raise_for_status()
-                    for chunk in response.iter_content(1 << 20):
-                        handle.write(chunk)
-                except BaseException:
-                    os.unlink(handle.name)
-                    raise
-            os.chmod(handle.name, 0o644)  # the cache is shared, as the wheels beside it are
-            os.replace(handle.name, target)
+            with replacing(target) as partial, partial.open("wb") as handle:
+                response = session.get(links[0].url_without_fragment, stream=True)
+                response.raise_for_status()
+                for chunk in response.iter_content(1 << 20):
+                    handle.write(chunk)
     except (RequestException, OSError) as error:
         raise UserError(f"could not download {target.name} ({error}); with no network, put it in {target.parent}/ "
                         "and rerun") from None
