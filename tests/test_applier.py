@@ -22,7 +22,7 @@ from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import load_stack
 from rigstack.stamp import read_stamp
 from rigstack.versions import REPO_ROOT
-from tests.test_apply_cli import one_line_error, run_apply
+from testing.cli import one_line_error, run_apply
 
 PARSER = "parser/glm47_moe.py"
 SCHED = "v1/core/sched/scheduler.py"

@@ -12,7 +12,7 @@ from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
 from rigstack.probes.results import write_result
 from rigstack.versions import package_version, release_of
-from tests.probes.helpers import make_result
+from testing.probes import make_result
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(tmp_path: Path) -> None:

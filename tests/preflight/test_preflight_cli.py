@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pf_support import free_port
+from testing.net import free_port
 
 from rigstack.preflight.knowledge import find_package
 from rigstack.profiles import list_profiles
