@@ -11,12 +11,11 @@ from typing import Annotated
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rigstack import cli, patchtests  # noqa: E402
-from rigstack.errors import UserError  # noqa: E402
-from rigstack.report import print_json  # noqa: E402
-from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack  # noqa: E402
+from rigstack import cli, patchtests
+from rigstack.errors import UserError
+from rigstack.report import print_json
+from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 
 app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass patched and fail pristine.")
 

