@@ -42,17 +42,19 @@ def main(
 @app.command("profiles")
 def profiles(json_out: bool = typer.Option(False, "--json")) -> None:
     """List profiles, marking which fit this host's GPUs."""
-    from rigstack.preflight.runner import list_fits
+    from rigstack.output.preflight import print_fits
+    from rigstack.preflight.runner import fits
 
-    raise typer.Exit(list_fits(as_json=json_out))
+    print_fits(*fits(), as_json=json_out)
 
 
 @app.command("show")
 def show(name: str, resolved: bool = typer.Option(False, "--resolved", help="merge what it extends")) -> None:
     """Print a profile as written, or resolved."""
-    from rigstack.preflight.runner import show as show_profile
+    from rigstack.output.preflight import print_text
+    from rigstack.preflight.runner import profile_text
 
-    raise typer.Exit(show_profile(name, resolved))
+    print_text(profile_text(name, resolved))
 
 
 @app.command("plan")
