@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,10 +11,6 @@ from rich.text import Text
 from rigstack.applier import StackResult
 
 _STYLE = {"applied": "green", "offset": "yellow", "already-applied": "cyan", "not-reached": "dim"}
-
-
-def print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def print_stack_result(result: StackResult, console: Console) -> None:

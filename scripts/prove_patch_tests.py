@@ -14,7 +14,8 @@ import typer
 
 from rigstack import cli, patchtests
 from rigstack.errors import UserError
-from rigstack.report import print_json
+from rigstack.output import print_json
+from rigstack.output.proofs import print_proof
 from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 
 app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass patched and fail pristine.")
@@ -34,7 +35,7 @@ def main(
                              markers)
     if as_json:
         print_json(patchtests.proof_json(proof))
-    patchtests.print_proof(proof, cli.console)
+    print_proof(proof, cli.console)
     if not proof.ok:
         raise UserError(f"{sum(not p.ok for p in proof.patches)} patch(es) not proven (listed above); fix their tests "
                         "or mark tests that check kept behaviour upstream_guard")

@@ -14,7 +14,9 @@ from rigstack import applier, cli, importer
 from rigstack import port as porting
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
-from rigstack.report import print_json, print_stack_result, print_status
+from rigstack.output import print_json
+from rigstack.output.imports import print_result
+from rigstack.report import print_stack_result, print_status
 from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 from rigstack.versions import load_pins
 
@@ -103,7 +105,7 @@ def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an m
                                      dry_run=dry_run)
     if as_json:
         print_json(result.to_json())
-    importer.print_result(result, cli.console)
+    print_result(result, cli.console)
     if result.error:
         raise UserError(result.error)
     return 0
