@@ -2,7 +2,7 @@
 
 The connection and the package export live in rigstack.dockerapi; the rest of the docker SDK use is here, and
 every docker failure a user can fix becomes a UserError.
-CLI: `python -m rigstack.images build --profile NAME | --all`, `verify-image IMAGE`, `standin`.
+CLI: rigstack/commands/image.py (`rigstack image build|verify|base`, or `python -m rigstack.images ...`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -27,13 +26,12 @@ from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
-import typer
 from rich.table import Table
 
 from rigstack import __version__
 from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
-from rigstack.cli import console, run
+from rigstack.cli import console
 from rigstack.dockerapi import connect, local_image
 from rigstack.errors import UserError
 from rigstack.gitrepo import checkout_revision
@@ -545,43 +543,9 @@ def _standin_tar(rootfs: Path, wheel: Path, package_path: str, out: Path) -> Non
                 target.addfile(entry, io.BytesIO(data))
 
 
-# --- CLI -----------------------------------------------------------------------------------------------------------
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-
-
-@app.command()
-def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile name; repeatable"),
-          all_: bool = typer.Option(False, "--all", help="every profile that names an image"),
-          package: Path | None = typer.Option(None, help="a patched package to lay (default: the base image's "
-                                                         "own package, patched under build/)"),
-          base: str | None = typer.Option(None, help="base image instead of the pinned one (e.g. the stand-in)"),
-          patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the patch stack"),
-          force: bool = typer.Option(False, help="build even when an image with the same cache key exists")) -> int:
-    """Build each rig's image: the pinned base plus only the files the stack changed."""
-    if all_ == bool(profile):
-        raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
-    rigs = all_rig_images() if all_ else [rig_image(name) for name in profile]
-    for rig in rigs:
-        build_image(rig, package=package, base=base, patches_dir=patches, force=force)
-    return 0
-
-
-@app.command("verify-image")
-def verify_image_command(image: str = typer.Argument(..., help="image reference or id"),
-                         patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
-    """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
-    report = verify_image(image, patches)
-    show_report(report)
-    return 0 if report.ok else 2
-
-
-@app.command()
-def standin(tag: str = typer.Option(STANDIN_TAG, help="tag for the stand-in image")) -> int:
-    """Make the local stand-in for the pinned vLLM image (needs root and debootstrap the first time)."""
-    console.print(f"{tag}: {make_standin(tag)[7:19]}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(run(app))
+    # `python -m rigstack.images build|verify-image|standin`, as documented: the command layer's image commands.
+    from rigstack.commands import entry
+    from rigstack.commands.image import module_app
+
+    entry(module_app)

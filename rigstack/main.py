@@ -3,7 +3,7 @@
     rigstack apply|check|status|diff|export|import|port   the patch stack (apply.py)
     rigstack preflight [profiles|show|plan]                checks before a boot (preflight.py)
     rigstack plan                                          vLLM's KV pool per stage (preflight.py plan)
-    rigstack image build|verify-image|standin              rig images (python -m rigstack.images)
+    rigstack image build|verify|base                       rig images (python -m rigstack.images)
     rigstack serve | stop                                  the launcher (scripts/run_prod.py)
     rigstack bench|conc|needle|qual|compare|bang           the probes (scripts/*.py)
 """
@@ -12,15 +12,15 @@ from __future__ import annotations
 
 import typer
 
-from rigstack import cli, images
-from rigstack.commands import bang, bench, compare, conc, needle, preflight, qual, serve, stack
+from rigstack import cli
+from rigstack.commands import bang, bench, compare, conc, image, needle, preflight, qual, serve, stack
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rigstack: a pinned, patched vLLM for odd GPU rigs. Add --debug anywhere for tracebacks.")
 app.add_typer(stack.app)  # no name: apply, check, status, ... are top-level commands
 app.add_typer(preflight.app, name="preflight")
 app.command("plan")(preflight.plan)
-app.add_typer(images.app, name="image")
+app.add_typer(image.app, name="image")
 app.command("serve")(serve.serve)
 app.command("stop")(serve.stop)
 PROBES = {

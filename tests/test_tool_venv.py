@@ -89,7 +89,7 @@ USAGE_ERRORS = [
     (["scripts/conc.py"], ["--streams", "1,2"], "No such option: --streams"),
     (["-m", "rigstack.images"], ["biuld"], "No such command 'biuld'. Did you mean 'build'?"),
     (["-m", "rigstack"], ["aply"], "No such command 'aply'. Did you mean 'apply'?"),
-    (["-m", "rigstack"], ["image", "verfy-image"], "No such command 'verfy-image'. Did you mean 'verify-image'?"),
+    (["-m", "rigstack"], ["image", "verfy"], "No such command 'verfy'. Did you mean 'verify'?"),
     # bench_preflight passes options it does not know on to preflight: a bad value of its own instead.
     (["scripts/bench_preflight.py"], ["--runs", "x"], "Invalid value for '--runs'"),
     *[(entry, ["--bogus"], "No such option: --bogus") for entry in ENTRY_POINTS
@@ -160,7 +160,9 @@ SHIMS = [(("apply.py", "apply"), ("apply",)), (("apply.py", "port"), ("port",)),
          (("preflight.py", "plan"), ("plan",)), (("scripts/run_prod.py",), ("serve",)),
          (("scripts/run_prod.py", "stop"), ("stop",)), (("scripts/bench.py",), ("bench",)),
          (("scripts/probe_bang.py", "swap"), ("bang", "swap")),
-         (("-m", "rigstack.images", "build"), ("image", "build"))]
+         (("-m", "rigstack.images", "build"), ("image", "build")),
+         (("-m", "rigstack.images", "verify-image"), ("image", "verify")),
+         (("-m", "rigstack.images", "standin"), ("image", "base"))]
 
 
 def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: dict[tuple[str, ...], str],
