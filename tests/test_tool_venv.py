@@ -143,7 +143,10 @@ def helps(tool_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[t
         tops = dict(pool.map(help_of, [tuple(entry) for entry in ENTRY_POINTS]))
         subs = dict(pool.map(help_of, [(*entry, command) for entry, text in tops.items()
                                        for command in commands_of(text)]))
-    return {**tops, **subs}
+        # rigstack's groups: image build|verify|base, bang run|swap, preflight profiles|show|plan
+        groups = dict(pool.map(help_of, [(*words, command) for words, text in subs.items()
+                                         for command in commands_of(text)]))
+    return {**tops, **subs, **groups}
 
 
 def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], str]) -> None:
@@ -259,7 +262,8 @@ def test_an_interpreter_that_cannot_import_vllm_is_named_with_the_fix(tool_pytho
 
 README = REPO_ROOT / "README.md"
 # `python X.py ...`, `$py X.py ...` or `python -m rigstack.images ...`, up to a comment.
-_INVOCATION = re.compile(r"(?:python|\$py)\s+(-m rigstack\.images|[\w/]+\.py)([^#`\n]*)")
+_INVOCATION = re.compile(r"(?:python|\$py)\s+(-m rigstack\.images|[\w/]+\.py)([^#`\n;]*)")
+_RIGSTACK = re.compile(r"^rigstack\s+([^#`\n;]*)", re.MULTILINE)  # the console script, at the start of a line
 
 
 def readme_invocations() -> list[tuple[list[str], list[str]]]:
@@ -270,6 +274,7 @@ def readme_invocations() -> list[tuple[list[str], list[str]]]:
     for place in places:
         for entry, rest in _INVOCATION.findall(place):
             found.append((entry.split(), rest.split()))
+        found += [(["-m", "rigstack"], rest.split()) for rest in _RIGSTACK.findall(place)]
     return found
 
 
@@ -280,7 +285,8 @@ def test_readme_flags_are_in_the_scripts_help(helps: dict[tuple[str, ...], str])
     wrong = []
     for entry, words in invocations:
         assert tuple(entry) in helps, f"README runs {' '.join(entry)}, which is not an entry point"
-        command = (*entry, words[0]) if words and (*entry, words[0]) in helps else tuple(entry)
+        command = next((words_ for words_ in ((*entry, *words[:2]), (*entry, *words[:1])) if words_ in helps),
+                       tuple(entry))
         listed = set(re.findall(r"--[a-z][a-z0-9-]*", helps[command]))
         wrong += [f"{' '.join(command)} {flag}" for word in words for flag in re.findall(r"--[a-z][a-z0-9-]*", word)
                   if flag not in listed]
