@@ -26,7 +26,6 @@ from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
-from rich.table import Table
 
 from rigstack import __version__
 from rigstack.atomic import write_atomic
@@ -439,23 +438,6 @@ def verify_image(image: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyR
 
 def verify_profile_image(profile_name: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyReport:
     return verify_image(rig_image(profile_name).tag, patches_dir)
-
-
-def show_report(report: VerifyReport) -> None:
-    table = Table(title=f"verify-image {report.image}", show_lines=False)
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("detail")
-    for check in report.checks:
-        if check.ok and check.name.startswith("vllm/") and report.ok and len(report.checks) > 12:
-            continue  # a long all-good file list says nothing the summary line does not
-        table.add_row(check.name, "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]", check.detail)
-    console.print(table)
-    if report.ok:
-        console.print(f"[green]PASS[/] {report.image}: every laid file matches its manifest and the stack")
-    else:
-        first = report.failures[0]
-        console.print(f"[bold red]FAIL[/] {report.image}: {first.name}: {first.detail}")
 
 
 # --- the local stand-in base ---------------------------------------------------------------------------------------

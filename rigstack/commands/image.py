@@ -12,6 +12,7 @@ import typer
 from rigstack import images
 from rigstack.cli import console
 from rigstack.errors import UserError
+from rigstack.output.images import show_report
 from rigstack.stack import DEFAULT_PATCHES_DIR
 
 HELP = "Per-rig Docker images: lay only the stack's changed files over the pinned base, verify them."
@@ -37,7 +38,7 @@ def verify(image: str = typer.Argument(..., help="image reference or id"),
            patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
     """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
     report = images.verify_image(image, patches)
-    images.show_report(report)
+    show_report(report)
     return 0 if report.ok else 2
 
 
