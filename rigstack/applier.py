@@ -693,7 +693,7 @@ def export(package: Path, to: Path) -> list[Path]:
     for commit, message in commits:
         trailer = _trailers(message)
         header = message[message.index("\n\n") + 2: message.rindex("\n" + TRAILER)]
-        diff = repo.diff(commit + "^", commit)
+        diff = repo.diff(commit + "^", commit, renames=True)  # an imported rename stays one, as it was written
         if not diff:
             left_out.append(trailer["Rigstack-Patch"])
             continue

@@ -6,6 +6,7 @@ import base64
 import hashlib
 import io
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -13,11 +14,13 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from fnmatch import fnmatch
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from rigstack.atomic import replacing, temp_glob
 from rigstack.cache import wheels_dir
 from rigstack.errors import UserError
 from rigstack.stamp import STAMP_NAME
@@ -26,34 +29,47 @@ from rigstack.versions import FLAVOURS, Pins
 PACKAGE = "vllm"
 _BINARY_SUFFIXES = (".so", ".pyc")
 _SNIFF = 8000
+RELEASE = re.compile(r"\d+(\.\d+)+([.+-]?[A-Za-z0-9.]+)?")
 
 
 @dataclass(frozen=True)
 class Source:
-    """What to patch: 'wheel' (flavour gpu or cpu), 'image' (ref) or 'dir' (path, patched in place)."""
+    """What to patch: 'wheel' (flavour gpu or cpu), 'image' (ref) or 'dir' (path, patched in place).
+
+    A wheel with a version (wheel:X.Y.Z, a --base only) is that release's GPU wheel instead of the pinned one."""
 
     kind: str
     flavour: str | None = None
     ref: str | None = None
     path: Path | None = None
+    version: str | None = None
 
     @property
     def label(self) -> str:
         if self.kind == "wheel":
-            return "wheel" if self.flavour == "gpu" else "wheel:cpu"
+            return f"wheel:{self.version}" if self.version else "wheel" if self.flavour == "gpu" else "wheel:cpu"
         return f"{self.kind}:{self.ref if self.kind == 'image' else self.path}"
 
 
-def parse_source(text: str) -> Source:
-    """--from values: wheel, wheel:cpu, wheel:gpu, image:REF, dir:PATH."""
+def parse_source(text: str, option: str = "--from", releases: bool = False) -> Source:
+    """--from values: wheel, wheel:cpu, wheel:gpu, image:REF, dir:PATH; with `releases`, wheel:X.Y.Z too."""
     kind, _, rest = text.partition(":")
     if kind == "wheel" and rest in ("", *FLAVOURS):
         return Source("wheel", flavour=rest or "gpu")
+    if releases and kind == "wheel" and RELEASE.fullmatch(rest):
+        return Source("wheel", flavour="gpu", version=rest)
     if kind == "image" and rest:
         return Source("image", ref=rest)
     if kind == "dir" and rest:
         return Source("dir", path=Path(rest).expanduser().absolute())
-    raise UserError(f"--from {text!r} is not a source; use wheel, wheel:cpu, image:REF or dir:PATH")
+    kinds = "wheel, wheel:cpu, wheel:X.Y.Z, image:REF or dir:PATH" if releases else \
+        "wheel, wheel:cpu, image:REF or dir:PATH"
+    raise UserError(f"{option} {text!r} is not a source; use {kinds}")
+
+
+def parse_base(text: str) -> Source:
+    """--base values (the vLLM a series was made on): what --from takes, and wheel:X.Y.Z, a release's GPU wheel."""
+    return parse_source(text, "--base", releases=True)
 
 
 @dataclass(frozen=True)
@@ -66,7 +82,7 @@ class PackageFile:
     @property
     def tracked(self) -> bool:
         return not (self.binary or "__pycache__" in self.path.split("/")
-                    or self.path in (STAMP_NAME, STAMP_NAME + ".tmp"))
+                    or self.path == STAMP_NAME or fnmatch(self.path, temp_glob(Path(STAMP_NAME))))
 
 
 def is_binary(path: str, head: bytes) -> bool:
@@ -171,6 +187,32 @@ def _check_sha256(wheel: Path, actual: str, pinned: str) -> None:
     if actual != pinned:
         raise UserError(f"{wheel}: sha256 {actual} does not match the pin {pinned} in versions.env; "
                         f"delete the file and rerun to download it again")
+
+
+def checked_release_wheel(dist: str, version: str, expected: str | None, option: str) -> tuple[Path, str]:
+    """(wheel, its sha256) of dist==version, fetched like release_wheel; checked against `expected` when given (the
+    hash the user passed with `option`)."""
+    wheel = release_wheel(dist, version)
+    if wheel is None:
+        raise UserError(f"PyPI has no {dist} release {version}; check the version with `pip index versions {dist}`")
+    actual = sha256_of(wheel)
+    if expected and actual != expected.lower():
+        raise UserError(f"{wheel}: sha256 {actual} does not match {option} {expected}; check the hash, or delete "
+                        "the file and rerun to download it again")
+    return wheel, actual
+
+
+def base_wheel(source: Source, pins: Pins, sha256: str | None = None) -> tuple[Path, str, str]:
+    """(wheel, sha256, vLLM version) of a wheel source: the pinned wheel of its flavour, checked against the pin, or
+    (wheel:X.Y.Z) that release's GPU wheel, checked against --base-sha256 when given (the pin's when it is the
+    pinned release)."""
+    if source.version is None:
+        flavour = source.flavour or "gpu"
+        return fetch_wheel(pins, flavour), pins.wheel(flavour)[2], pins.vllm_version
+    pinned = pins.vllm_wheel_sha256 if source.version == pins.vllm_version else None
+    wheel, actual = checked_release_wheel("vllm", source.version, sha256 or pinned,
+                                          "--base-sha256" if sha256 else "the pin in versions.env")
+    return wheel, actual, source.version
 
 
 def release_wheel(dist: str, version: str) -> Path | None:
@@ -333,11 +375,9 @@ class BinaryWriter:
             return
         cached = self._cache / path
         if not cached.is_file():
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-            # Read-only: the cache is shared by every apply of this wheel.
-            _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
-            os.replace(partial, cached)
+            with replacing(cached) as partial:
+                # Read-only: the cache is shared by every apply of this wheel.
+                _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
         # A copy, never a hard link: a write into one package's compiled object must not reach the cache, every
         # other package made from it and every later apply. copyfile lets the kernel copy (copy_file_range).
         shutil.copyfile(cached, destination)

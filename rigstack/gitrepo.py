@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -184,8 +185,13 @@ class PackageRepo:
         self.run("reset", "-q", "--hard", commit)
         self.run("update-ref", BRANCH, commit)
 
-    def diff(self, old: str, new: str) -> str:
-        return self.run("diff", *DIFF_OPTIONS, old, new)
+    def diff(self, old: str, new: str, renames: bool = False) -> str:
+        """The stack's diff of two commits (see patches/README.md). With `renames`, a moved file stays a rename (git
+        -M); git names its rename lines from the package root, and the stack roots every path at vllm/."""
+        if not renames:
+            return self.run("diff", *DIFF_OPTIONS, old, new)
+        text = self.run("diff", *("-M" if option == "--no-renames" else option for option in DIFF_OPTIONS), old, new)
+        return re.sub(r"^(rename|copy) (from|to) ", r"\1 \2 vllm/", text, flags=re.M)
 
     def changed_files(self, old: str, new: str) -> list[str]:
         out = self.run("diff", "--name-only", "--no-renames", "-z", "--diff-filter=AM", old, new)

@@ -27,27 +27,25 @@ from __future__ import annotations
 import ast
 import json
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from pydantic import BaseModel
-from rich.console import Console
-from rich.table import Table
 
 from rigstack import __version__, applier
-from rigstack.baseline import (Fingerprint, PackageFile, Source, dir_files, fetch_wheel, ignore_binaries, image_files,
-                               parse_source, release_wheel, sha256_of, tracked_entries, wheel_files)
+from rigstack.atomic import write_atomic
+from rigstack.baseline import (RELEASE, Fingerprint, PackageFile, Source, base_wheel, checked_release_wheel, dir_files,
+                               fetch_wheel, ignore_binaries, image_files, parse_base, parse_source, release_wheel,
+                               sha256_of, tracked_entries, wheel_files)
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
-from rigstack.report import print_stack_result
 from rigstack.stack import DEFAULT_PATCHES_DIR, Hunk, Patch, Stack, load_stack, parse_hunks
 from rigstack.stamp import Stamp, StampedPatch, write_stamp
-from rigstack.versions import VERSIONS_FILE, Pins, update_pins
+from rigstack.versions import VERSIONS_FILE, Pins, package_version, release_of, update_pins
 
 STATE = "port.json"
 LOCK_DIR = ".port.rigstack"  # holds apply.py's lock: one port at a time per work folder
@@ -58,7 +56,6 @@ NEW_BASELINE = "refs/port/new-baseline"
 CPU_BASELINE = "refs/port/cpu-baseline"
 ACTIONS = ("start", "continue", "skip", "abort", "report-only", "write")
 WRITABLE = ("clean", "refreshed", "moved", "upstreamed", "dropped")
-_VERSION = re.compile(r"\d+(\.\d+)+([.+-]?[A-Za-z0-9.]+)?")
 _MARKERS = ("<<<<<<< ", "||||||| ", ">>>>>>> ")
 
 
@@ -130,9 +127,8 @@ class PortReport:
 class _NotOnThePin(UserError):
     """The stack does not apply to the release it is pinned to: there is nothing to port yet."""
 
-    def __init__(self, result: applier.StackResult, version: str) -> None:
-        super().__init__(f"the stack does not apply to its own baseline vLLM {version}, so it cannot be ported: "
-                         f"{result.error}")
+    def __init__(self, result: applier.StackResult, baseline: str) -> None:
+        super().__init__(f"the stack does not apply to {baseline}, so it cannot be ported: {result.error}")
         self.result = result
 
 
@@ -147,15 +143,21 @@ def action_of(cont: bool = False, skip: bool = False, abort: bool = False, repor
 
 def port(action: str, pins: Pins, to: str | None = None, source: str = "wheel",
          patches_dir: Path = DEFAULT_PATCHES_DIR, sha256: str | None = None, work_root: Path = Path("build"),
-         versions_file: Path = VERSIONS_FILE) -> PortReport:
-    """One step of a port: start it (or only report), continue or skip at a conflict, abort it, or write it."""
+         versions_file: Path = VERSIONS_FILE, base: str | None = None, base_sha256: str | None = None) -> PortReport:
+    """One step of a port: start it (or only report), continue or skip at a conflict, abort it, or write it.
+
+    The stack is made on the pinned release, or on `base` (a fork's build, another release: wheel:X.Y.Z, image:REF,
+    dir:PATH), and replayed onto `to` (the pinned release itself when porting from a base)."""
     if action not in ACTIONS:
         raise UserError(f"unknown port action {action!r}; use one of {', '.join(ACTIONS)}")
     work_root = work_root.absolute()  # git runs in the package folder: every path it gets must be absolute
     if action in ("start", "report-only"):
         if not to:
             raise UserError("--to VERSION is required to start a port, e.g. `python apply.py port --to 0.33.0`")
-        return _start(to, parse_source(source), patches_dir, sha256, pins, work_root, action == "report-only")
+        old = _base(parse_base(base), base_sha256, pins) if base else None
+        return _start(to, parse_source(source), patches_dir, sha256, pins, work_root, action == "report-only", old)
+    if base or base_sha256:
+        raise UserError("--base is given when starting a port; the port in progress keeps its own")
     work = _find_work(work_root, to)
     if action == "abort":
         state = _load(work)
@@ -178,16 +180,19 @@ class _Release:
     wheel: Path | None
     sha256: str | None
     files: Callable[[], Iterator[PackageFile]] | None = None  # image and dir sources; a wheel goes to the store
+    version: str | None = None  # a base: the release it claims to be (checked against its _version.py)
 
 
 def _start(to: str, source: Source, patches_dir: Path, sha256: str | None, pins: Pins, work_root: Path,
-           report_only: bool) -> PortReport:
-    if not _VERSION.fullmatch(to):
+           report_only: bool, base: _Release | None) -> PortReport:
+    if not RELEASE.fullmatch(to):
         raise UserError(f"--to {to!r} is not a vLLM version; use one like 0.33.0")
-    if to == pins.vllm_version:
+    if base is None and to == pins.vllm_version:
         raise UserError(f"the stack already targets vLLM {to} (versions.env); pick another --to")
+    if base is not None and base.version == to:
+        raise UserError(f"--base {base.label} is vLLM {to} already; pick another --to, or leave --base out")
     stack = load_stack(patches_dir)
-    work = work_root / f"port-{pins.vllm_version}-to-{to}"
+    work = work_root / f"port-{base.version if base else pins.vllm_version}-to-{to}"
     if not report_only:
         _refuse_unfinished(work, to)
     release = _release(source, to, sha256, pins)  # cheap refusals (no such release, wrong sha256) before any work
@@ -195,7 +200,7 @@ def _start(to: str, source: Source, patches_dir: Path, sha256: str | None, pins:
     staging = Path(tempfile.mkdtemp(prefix=f".{work.name}.tmp-", dir=work_root))
     try:
         try:
-            state = _build(staging, stack, patches_dir, release, to, pins, report_only)
+            state = _build(staging, stack, patches_dir, release, to, pins, report_only, base)
         except _NotOnThePin as broken:
             return PortReport(None, None, error=str(broken), old_stack=broken.result)
         if report_only:
@@ -226,16 +231,34 @@ def _refuse_unfinished(work: Path, to: str) -> None:
                         "them elsewhere, or discard the port with `python apply.py port --abort`")
 
 
-def _release(source: Source, to: str, sha256: str | None, pins: Pins) -> _Release:
+def _base(source: Source, sha256: str | None, pins: Pins) -> _Release:
+    """The baseline a stack was made on (--base), fetched and checked before any work; its version named up front
+    (for the work area) and checked against its _version.py once read."""
+    if source.kind == "wheel":
+        wheel, actual, version = base_wheel(source, pins, sha256)
+        return _Release(source.label, source.flavour or "gpu", wheel, actual, version=version)
+    if source.kind == "dir":
+        assert source.path is not None
+        version_file = source.path / "_version.py"
+        version = _version_in(version_file.read_text()) if version_file.is_file() else None
+        if version is None:
+            raise UserError(f"{source.path} names no vLLM version (no _version.py); point --base dir: at a vllm "
+                            "package folder")
+    else:
+        tag = (source.ref or "").rpartition(":")[2].removeprefix("v")
+        if not RELEASE.fullmatch(tag):
+            raise UserError(f"--base {source.label}: name the image by a tag holding its vLLM version (e.g. "
+                            ":v0.31.0), or use --base dir:PATH")
+        version = tag
+    if sha256:
+        raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
+    return replace(_release(source, version, None, pins, "--base"), version=version)
+
+
+def _release(source: Source, to: str, sha256: str | None, pins: Pins, option: str = "--from") -> _Release:
     if source.kind == "wheel":
         dist = pins.wheel(source.flavour)[0]  # type: ignore[arg-type]
-        wheel = release_wheel(dist, to)
-        if wheel is None:
-            raise UserError(f"PyPI has no {dist} release {to}; check the version with `pip index versions {dist}`")
-        actual = sha256_of(wheel)
-        if sha256 and actual != sha256.lower():
-            raise UserError(f"{wheel}: sha256 {actual} does not match --sha256 {sha256}; check the hash, or delete "
-                            "the file and rerun to download it again")
+        wheel, actual = checked_release_wheel(dist, to, sha256, "--sha256")
         return _Release(source.label, source.flavour, wheel, actual)  # type: ignore[arg-type]
     if sha256:
         raise UserError("--sha256 checks a downloaded wheel; drop it for image: and dir: sources")
@@ -247,13 +270,13 @@ def _release(source: Source, to: str, sha256: str | None, pins: Pins) -> _Releas
             dirty = repo.dirty_files() if repo.exists else []
             if dirty:
                 raise UserError(f"{package} has uncommitted changes ({dirty[0]}); nothing was touched. A port needs "
-                                f"the pristine vLLM {to} package: point --from dir: at one")
+                                f"the pristine vLLM {to} package: point {option} dir: at one")
             raise UserError(f"{package} was patched by rigstack; a port needs the pristine vLLM {to} package: "
-                            "point --from dir: at one, or use --from wheel")
+                            f"point {option} dir: at one, or use {option} wheel")
         found = _version_in((package / "_version.py").read_text() if (package / "_version.py").is_file() else "")
         if found != to:
-            raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point --from dir: at "
-                            f"a vLLM {to} package")
+            raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point {option} dir: "
+                            f"at a vLLM {to} package")
         return _Release(source.label, "gpu", None, None, lambda: dir_files(package))
     return _Release(source.label, "gpu", None, None,
                     lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
@@ -278,42 +301,35 @@ def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, r
         packs = sorted(store.packs())  # fast-import writes only blobs the store lacks: the commit needs them all
         entry = {"wheel": wheel.name, "commit": commit, "fingerprint": printer.value,
                  "packs": [pack.name for pack in packs]}
-        _replace(record, json.dumps(entry, indent=2).encode())
+        write_atomic(record, json.dumps(entry, indent=2).encode())
     repo.link_packs(packs)
     repo.run("update-ref", ref, entry["commit"])
     return entry["commit"], entry["fingerprint"]
 
 
 def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: str, pins: Pins,
-           report_only: bool) -> PortState:
-    """Both baselines in one object store, the old stack on the old one; the new line starts at the new baseline."""
+           report_only: bool, base: _Release | None) -> PortState:
+    """Both baselines in one object store, the old stack on the old one; the new line starts at the new baseline.
+
+    The old baseline is the pinned release (of the same flavour as the new one), or the --base the stack was made on."""
     package = area / "vllm"
     package.mkdir()
     repo = PackageRepo(package)
     repo.init()
     repo.run("config", "core.worktree", "../../vllm")  # so `git --git-dir=vllm.rigstack/git status` works
-    old_flavour = "cpu" if release.flavour == "cpu" else "gpu"
-    old_wheel = fetch_wheel(pins, old_flavour)
-    old_commit, old_print = _wheel_baseline(repo, old_wheel, pins.wheel(old_flavour)[2], pins.vllm_version,
-                                            OLD_BASELINE)
-    if release.files is None:
-        assert release.wheel is not None and release.sha256 is not None
-        new_commit, new_print = _wheel_baseline(repo, release.wheel, release.sha256, to, NEW_BASELINE)
-    else:
-        printer = Fingerprint()
-        new_commit = repo.import_commit(tracked_entries(release.files(), printer),
-                                        f"baseline: vLLM {to} ({release.label})\n", NEW_BASELINE)
-        new_print = printer.value
-    if release.wheel is None:
-        found = _version_in(repo.blob_text(new_commit, "_version.py") or "")
-        if found != to:
-            raise UserError(f"{release.label} holds vLLM {found or 'of unknown version'}, not {to}; pick the "
-                            f"source of vLLM {to}")
+    where = f"its base {base.label} (vLLM {base.version})" if base else f"its own baseline vLLM {pins.vllm_version}"
+    if base is None:
+        flavour = "cpu" if release.flavour == "cpu" else "gpu"
+        base = _Release(f"wheel:{flavour}", flavour, fetch_wheel(pins, flavour), pins.wheel(flavour)[2],
+                        version=pins.vllm_version)
+    old_version = base.version or pins.vllm_version
+    old_commit, old_print = _baseline_commit(repo, base, old_version, OLD_BASELINE)
+    new_commit, new_print = _baseline_commit(repo, release, to, NEW_BASELINE)
     results, final, error = applier.commit_series(repo, old_commit, stack.patches)
     if error:
-        raise _NotOnThePin(applier.StackResult(f"vLLM {pins.vllm_version} ({old_wheel.name})", f"wheel:{old_flavour}",
-                                               old_flavour, old_print, stack.stack_hash, tuple(results), error=error,
-                                               dry_run=True), pins.vllm_version)
+        named = f"vLLM {old_version} ({base.wheel.name if base.wheel else base.label})"
+        raise _NotOnThePin(applier.StackResult(named, base.label, base.flavour, old_print, stack.stack_hash,
+                                               tuple(results), error=error, dry_run=True), where)
     repo.run("update-ref", OLD_STACK, final)
     old_commits = [commit for commit, _ in repo.log(old_commit, final)]
     assert len(old_commits) == len(stack.patches)
@@ -321,15 +337,32 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
     state = PortState(
         status="running", report_only=report_only, patches_dir=str(patches_dir.absolute()),
         stack_hash=stack.stack_hash, old_commits=old_commits, head=new_commit,
-        old=Baseline(version=pins.vllm_version, source=f"wheel:{old_flavour}", flavour=old_flavour,
-                     wheel=old_wheel.name, sha256=pins.wheel(old_flavour)[2], fingerprint=old_print,
-                     commit=old_commit),
-        new=Baseline(version=to, source=release.label, flavour=release.flavour,
-                     wheel=release.wheel.name if release.wheel else None, sha256=release.sha256,
-                     fingerprint=new_print, commit=new_commit),
+        old=_baseline_record(base, old_version, old_print, old_commit),
+        new=_baseline_record(release, to, new_print, new_commit),
         patches=[PortedPatch(id=patch.id, file=patch.file) for patch in stack.patches])
     _save(area, state)
     return state
+
+
+def _baseline_commit(repo: PackageRepo, release: _Release, version: str, ref: str) -> tuple[str, str]:
+    """(commit, fingerprint) of one release's text files under `ref`; an image or a folder must hold `version`."""
+    if release.files is None:
+        assert release.wheel is not None and release.sha256 is not None
+        return _wheel_baseline(repo, release.wheel, release.sha256, version, ref)
+    printer = Fingerprint()
+    commit = repo.import_commit(tracked_entries(release.files(), printer),
+                                f"baseline: vLLM {version} ({release.label})\n", ref)
+    found = _version_in(repo.blob_text(commit, "_version.py") or "")
+    if found != version:
+        raise UserError(f"{release.label} holds vLLM {found or 'of unknown version'}, not {version}; pick the "
+                        f"source of vLLM {version}")
+    return commit, printer.value
+
+
+def _baseline_record(release: _Release, version: str, fingerprint: str, commit: str) -> Baseline:
+    return Baseline(version=version, source=release.label, flavour=release.flavour,
+                    wheel=release.wheel.name if release.wheel else None, sha256=release.sha256,
+                    fingerprint=fingerprint, commit=commit)
 
 
 # --- replaying -------------------------------------------------------------------------------------------------------
@@ -663,18 +696,19 @@ def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> Por
         raise UserError(f"{patches_dir} changed since the port started; nothing was written. Port again with "
                         f"`python apply.py port --abort` then `python apply.py port --to {state.new.version}`")
     assert all(entry.status in WRITABLE for entry in state.patches)
+    changes = _sdist_pins(state, pins)  # a download: before anything is written
     for patch, entry in zip(stack.patches, state.patches):
         if entry.status in ("upstreamed", "dropped"):
             why = (f"vLLM {state.new.version} already holds this change" if entry.status == "upstreamed"
                    else f"dropped with --skip while porting to vLLM {state.new.version}")
             note = (f"Removed: {why} ({entry.detail}); `apply.py port --write` removed the patch when porting "
                     f"from vLLM {state.old.version}.\nSha256: {patch.sha256}\n{patch.header_text}")
-            _replace(patches_dir / f"{patch.file.removesuffix('.patch')}.{entry.status}", note.encode())
+            write_atomic(patches_dir / f"{patch.file.removesuffix('.patch')}.{entry.status}", note.encode())
             patch.path.unlink()
         else:
-            _replace(patch.path, (work / PORTED / patch.file).read_bytes())
+            write_atomic(patch.path, (work / PORTED / patch.file).read_bytes())
     image = pins.vllm_image.rsplit(":", 1)[0]
-    changes = {"VLLM_VERSION": state.new.version, "VLLM_WHEEL": state.new.wheel or "",
+    changes |= {"VLLM_VERSION": state.new.version, "VLLM_WHEEL": state.new.wheel or "",
                "VLLM_WHEEL_SHA256": state.new.sha256 or "", "VLLM_FINGERPRINT_GPU": state.new.fingerprint,
                "VLLM_IMAGE": f"{image}:v{state.new.version}", "VLLM_IMAGE_DIGEST": ""}
     if state.cpu.get("status") == "applies":
@@ -688,10 +722,18 @@ def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> Por
     return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
 
 
-def _replace(target: Path, data: bytes) -> None:
-    partial = target.with_name(f".{target.name}.tmp")
-    partial.write_bytes(data)
-    os.replace(partial, target)
+def _sdist_pins(state: PortState, pins: Pins) -> dict[str, str]:
+    """VLLM_SDIST and its sha256 for the new release (scripts/upstream_tests.py runs vLLM's tests from it); when it
+    cannot be had, a note says why and that the old pins stay (upstream_tests.py then refuses them by name)."""
+    from rigstack.upstreamtests import release_sdist  # only --write needs pip's index client
+
+    try:
+        sdist = release_sdist(state.new.version)
+    except UserError as error:
+        state.notes.append(f"VLLM_SDIST stays {pins.vllm_sdist}: {error}; until VLLM_SDIST and VLLM_SDIST_SHA256 "
+                           f"name vLLM {state.new.version}'s sdist, scripts/upstream_tests.py refuses to run")
+        return {}
+    return {"VLLM_SDIST": sdist.name, "VLLM_SDIST_SHA256": sha256_of(sdist)}
 
 
 # --- the state file and the report -----------------------------------------------------------------------------------
@@ -701,7 +743,7 @@ def _repo(work: Path) -> PackageRepo:
 
 
 def _save(work: Path, state: PortState) -> None:
-    _replace(work / STATE, state.model_dump_json(indent=2).encode())
+    write_atomic(work / STATE, state.model_dump_json(indent=2).encode())
 
 
 def _load(work: Path) -> PortState:
@@ -722,8 +764,9 @@ def _find_work(work_root: Path, to: str | None) -> Path:
 
 
 def _version_in(text: str) -> str | None:
-    match = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)", text)
-    return match.group(1).split("+")[0] if match else None
+    """The release a package's _version.py declares: the same for both flavours' wheels."""
+    version = package_version(text)
+    return release_of(version) if version else None
 
 
 def _report(work: Path, state: PortState) -> PortReport:
@@ -746,32 +789,3 @@ def _report(work: Path, state: PortState) -> PortReport:
              + (f"it {lead}: {skip}, else edit " if lead else "edit ")
              + f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
     return PortReport(str(work), state, error=error, instructions=steps)
-
-
-_STYLE = {"clean": "green", "refreshed": "yellow", "moved": "cyan", "upstreamed": "blue", "dropped": "dim",
-          "pending": "dim"}
-
-
-def print_report(report: PortReport, console: Console) -> None:
-    if report.old_stack:
-        print_stack_result(report.old_stack, console)
-    state = report.state
-    if state is not None:
-        table = Table(title=f"port: vLLM {state.old.version} -> {state.new.version} ({state.new.source})",
-                      title_justify="left")
-        for column in ("patch", "status", "detail", "drift (functions changed upstream)"):
-            table.add_column(column)
-        for entry in state.patches:
-            style = _STYLE.get(entry.status, "bold red")
-            table.add_row(entry.file, f"[{style}]{entry.status}[/]", entry.detail, "\n".join(entry.drift))
-        console.print(table)
-        console.print(f"new baseline: {state.new.wheel or state.new.source}  sha256 {state.new.sha256 or '-'}  "
-                      f"fingerprint {state.new.fingerprint}")
-        if state.cpu:
-            console.print(f"CPU flavour: {state.cpu['status']}: {state.cpu['detail']}")
-        for note in state.notes:
-            console.print(f"[yellow]note:[/] {note}")
-    for line in report.instructions:
-        console.print(line)
-    if report.message:
-        console.print(report.message)

@@ -181,7 +181,8 @@ def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
         raise UserError(f"patch folder {patches_dir} does not exist; pass --patches DIR")
     patches = []
     seen: dict[str, str] = {}
-    for path in sorted(patches_dir.glob("*.patch")):
+    # Hidden files are a killed write's temporary (rigstack.atomic), never a patch.
+    for path in sorted(p for p in patches_dir.glob("*.patch") if not p.name.startswith(".")):
         match = _NAME.match(path.name)
         if not match:
             raise UserError(f"{path}: patch files are named NNNN-slug.patch (lower-case slug); rename it")

@@ -116,6 +116,15 @@ def fetch_sdist(pins: Pins) -> Path:
     return path
 
 
+def release_sdist(version: str) -> Path:
+    """vLLM version's sdist from the wheel cache, downloaded when absent (for `apply.py port --write`, which pins its
+    sha256: nothing pins it before)."""
+    path = wheels_dir() / f"vllm-{version}.tar.gz"
+    if not path.is_file():
+        _download_sdist("vllm", version, path)
+    return path
+
+
 def _download_sdist(name: str, version: str, target: Path) -> None:
     """Through pip's own index client (its index, mirrors, certificates). `pip download` itself cannot: it prepares
     the sdist's metadata first, which needs setuptools-rust and vLLM's other build requirements."""
@@ -134,11 +143,16 @@ def _download_sdist(name: str, version: str, target: Path) -> None:
             links = [found.link for found in finder.find_all_candidates(name) if found.link.filename == target.name]
             if not links:
                 raise UserError(f"the package index has no {target.name}; check VLLM_SDIST in versions.env")
-            with replacing(target) as partial, partial.open("wb") as handle:
-                response = session.get(links[0].url_without_fragment, stream=True)
-                response.raise_for_status()
-                for chunk in response.iter_content(1 << 20):
-                    handle.write(chunk)
+            with replacing(target) as partial:
+                with partial.open("wb") as handle:
+                    response = session.get(links[0].url_without_fragment, stream=True)
+                    response.raise_for_status()
+                    for chunk in response.iter_content(1 << 20):
+                        handle.write(chunk)
+                if links[0].hash_name == "sha256" and sha256_of(partial) != links[0].hash:
+                    # the index's own hash: what `port --write` pins must be what it serves
+                    raise UserError(f"{target.name} downloaded damaged (its sha256 is not the index's "
+                                    f"{links[0].hash}); rerun")
     except (RequestException, OSError) as error:
         raise UserError(f"could not download {target.name} ({error}); with no network, put it in {target.parent}/ "
                         "and rerun") from None

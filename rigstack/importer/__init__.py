@@ -18,11 +18,11 @@ from pathlib import Path
 
 
 from rigstack import applier
-from rigstack.baseline import (Fingerprint, Source, dir_files, fetch_wheel, ignore_binaries, image_files,
-                               match_flavour, parse_source, tracked_entries)
+from rigstack.baseline import (Fingerprint, Source, base_wheel, dir_files, ignore_binaries, image_files, match_flavour,
+                               parse_base, tracked_entries)
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
-from rigstack.importer.diffs import FileDiff, files_of, stack_diff
+from rigstack.importer.diffs import FileDiff, files_of
 from rigstack.importer.gitrange import PREFIX, read_range
 from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import export_mbox
@@ -65,13 +65,13 @@ class ImportResult:
 
 
 def import_patches(sources: list[str], pins: Pins, patches_dir: Path = DEFAULT_PATCHES_DIR, base: str = "wheel",
-                   start: str | None = None, dry_run: bool = False) -> ImportResult:
+                   start: str | None = None, dry_run: bool = False, base_sha256: str | None = None) -> ImportResult:
     """Read every source, check each patch applies in order after the stack on `base`, and only then write them."""
     if not sources:
         raise UserError("name at least one SOURCE: patch files, an mbox, a quilt folder or git:PATH@A..B")
     stack = load_stack(patches_dir)
     first = _first_id(patches_dir, start)
-    source = parse_source(base)
+    source = parse_base(base)
     with tempfile.TemporaryDirectory(prefix="rigstack-import-") as tmp:
         work = Path(tmp)
         git = PackageRepo(work / PACKAGE, git_dir=work / "git")
@@ -79,7 +79,7 @@ def import_patches(sources: list[str], pins: Pins, patches_dir: Path = DEFAULT_P
         incoming = [item for text in sources for item in _read_source(text, git, work)]
         if first + len(incoming) > 10000:
             raise UserError(f"{len(incoming)} patches from id {first:04d} run past 9999; pass a lower --start")
-        baseline, fingerprint = _baseline(git, source, pins)
+        baseline, fingerprint = _baseline(git, source, pins, base_sha256)
         _, head, error = applier.commit_series(git, baseline, stack.patches)
         if error:
             raise UserError(f"the stack in {patches_dir} does not apply to {source.label}: {error}")
@@ -140,14 +140,14 @@ def _first_id(patches_dir: Path, start: str | None) -> int:
     return int(start)
 
 
-def _baseline(git: PackageRepo, source: Source, pins: Pins) -> tuple[str, str]:
+def _baseline(git: PackageRepo, source: Source, pins: Pins, sha256: str | None) -> tuple[str, str]:
     """(commit, fingerprint) of the base's text files in the scratch store."""
     if source.kind == "wheel":
         from rigstack.port import _wheel_baseline  # one cached store of each wheel, shared with port
 
-        flavour = source.flavour or "gpu"
-        return _wheel_baseline(git, fetch_wheel(pins, flavour), pins.wheel(flavour)[2], pins.vllm_version,
-                               BASELINE_REF)
+        return _wheel_baseline(git, *base_wheel(source, pins, sha256), BASELINE_REF)
+    if sha256:
+        raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
     if source.kind == "dir":
         assert source.path is not None
         if read_stamp(source.path) is not None:
@@ -184,7 +184,7 @@ def _normalise(git: PackageRepo, item: Incoming, number: str, head: str,
             status, detail = _failure(git, raw, index, strip, forward.output)
             return _replace(row, status=status, detail=detail), head, None
         commit = git.commit_tree(git.write_tree(index), head, f"import: {item.label}\n")
-    diff = stack_diff(git, head, commit, renames=any(entry.rename for entry in files))
+    diff = git.diff(head, commit, renames=any(entry.rename for entry in files))
     if not diff:
         raise UserError(f"{item.label} ({item.subject}) changes nothing; leave it out")
     path = staged / f"{number}-{item.file_slug}.patch"

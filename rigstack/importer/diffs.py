@@ -6,8 +6,6 @@ import re
 from dataclasses import dataclass, field
 
 from rigstack.errors import UserError
-from rigstack.gitrepo import DIFF_OPTIONS, PackageRepo
-from rigstack.stack import PACKAGE
 
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _DIFF_GIT = re.compile(r"^diff --git (\S+) (\S+)$")
@@ -109,12 +107,3 @@ def _strip(name: str, strip: int, label: str) -> str:
                         "check the patch's -p level")
     return "/".join(parts[strip:])
 
-
-def stack_diff(repo: PackageRepo, old: str, new: str, renames: bool) -> str:
-    """The stack's diff of two commits of a package (see patches/README.md). With `renames`, a moved file stays a
-    rename; git names its rename lines from the package root, and the stack roots every path at vllm/."""
-    if not renames:
-        return repo.diff(old, new)
-    options = tuple("-M" if option == "--no-renames" else option for option in DIFF_OPTIONS)
-    text = repo.run("diff", *options, old, new)
-    return re.sub(r"^(rename|copy) (from|to) ", rf"\1 \2 {PACKAGE}/", text, flags=re.M)

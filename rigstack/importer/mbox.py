@@ -11,7 +11,7 @@ from rigstack import applier
 from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
-from rigstack.importer.diffs import DIFF_START, stack_diff
+from rigstack.importer.diffs import DIFF_START
 from rigstack.importer.incoming import Incoming, rigstack_header, split_trailers
 from rigstack.stack import parse_patch
 
@@ -89,7 +89,7 @@ def export_mbox(package: Path, to: Path) -> Path:
         # The headers exactly as `export` writes them; only the diffs are made again, keeping renames.
         exported = [parse_patch(path) for path in applier.export(package, Path(tmp))]
     mails = [_mail(number, len(exported), commits[patch.file], patch.header.subject, patch.header_text, patch.file,
-                   stack_diff(repo, commits[patch.file] + "^", commits[patch.file], renames=True), repo)
+                   repo.diff(commits[patch.file] + "^", commits[patch.file], renames=True), repo)
              for number, patch in enumerate(exported, start=1)]
     return write_atomic(to, "".join(mails))
 

@@ -1,4 +1,4 @@
-"""How results look to a person: rich tables on stderr; machine-readable JSON goes to stdout instead."""
+"""apply's and status's results for a person: rich tables on stderr (their JSON goes to stdout instead)."""
 
 from __future__ import annotations
 
