@@ -209,19 +209,19 @@ def patched_package(base: str, base_digest: str, pins: Pins, stack: Stack, packa
     """Bring a package to exactly `stack` with the applier (a no-op when it already is): by default the base
     image's own package, extracted once per base digest, so the laid files are changes against exactly what this
     base holds (a tag that moved gets a fresh extraction, not a stale one)."""
-    from rigstack.applier import apply_stack, default_out, package_for
-    from rigstack.baseline import Source
+    from rigstack.applier import apply_stack
+    from rigstack.baseline import DirSource, ImageSource
 
     if package is not None:
-        source, out = Source("dir", path=package.absolute()), None
+        source, out = DirSource(path=package.absolute()), None
     else:
-        source = Source("image", ref=base)
-        default = default_out(source, pins)
+        source = ImageSource(ref=base)
+        default = source.default_out(pins)
         out = default.with_name(f"{default.name}-{base_digest.removeprefix('sha256:')[:12]}")
     result = apply_stack(source, stack, pins, out=out)
     if result.error:
         raise UserError(result.error)
-    return package_for(source, out, pins)
+    return source.package(pins, out)
 
 
 def _copy_tool(root: Path, patches_dir: Path) -> None:

@@ -37,9 +37,9 @@ from pydantic import BaseModel
 
 from rigstack import __version__, applier
 from rigstack.atomic import write_atomic
-from rigstack.baseline import (RELEASE, Fingerprint, PackageFile, Source, base_wheel, checked_release_wheel, dir_files,
-                               fetch_wheel, ignore_binaries, image_files, parse_base, parse_source, release_wheel,
-                               sha256_of, tracked_entries, wheel_files)
+from rigstack.baseline import (RELEASE, Fingerprint, PackageFile, Source, WheelSource, base_wheel,
+                               checked_release_wheel, fetch_wheel, ignore_binaries, parse_base, parse_source,
+                               release_wheel, sha256_of, tracked_entries, wheel_files)
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
@@ -234,37 +234,24 @@ def _refuse_unfinished(work: Path, to: str) -> None:
 def _base(source: Source, sha256: str | None, pins: Pins) -> _Release:
     """The baseline a stack was made on (--base), fetched and checked before any work; its version named up front
     (for the work area) and checked against its _version.py once read."""
-    if source.kind == "wheel":
+    if isinstance(source, WheelSource):  # fetched by version, its sha256 checked
         wheel, actual, version = base_wheel(source, pins, sha256)
-        return _Release(source.label, source.flavour or "gpu", wheel, actual, version=version)
-    if source.kind == "dir":
-        assert source.path is not None
-        version_file = source.path / "_version.py"
-        version = _version_in(version_file.read_text()) if version_file.is_file() else None
-        if version is None:
-            raise UserError(f"{source.path} names no vLLM version (no _version.py); point --base dir: at a vllm "
-                            "package folder")
-    else:
-        tag = (source.ref or "").rpartition(":")[2].removeprefix("v")
-        if not RELEASE.fullmatch(tag):
-            raise UserError(f"--base {source.label}: name the image by a tag holding its vLLM version (e.g. "
-                            ":v0.31.0), or use --base dir:PATH")
-        version = tag
+        return _Release(source.label, source.flavour, wheel, actual, version=version)
+    version = source.declared_release()
     if sha256:
         raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
     return replace(_release(source, version, None, pins, "--base"), version=version)
 
 
 def _release(source: Source, to: str, sha256: str | None, pins: Pins, option: str = "--from") -> _Release:
-    if source.kind == "wheel":
-        dist = pins.wheel(source.flavour)[0]  # type: ignore[arg-type]
+    if isinstance(source, WheelSource):  # the release's wheel of the same flavour, not the pinned one
+        dist = pins.wheel(source.flavour)[0]
         wheel, actual = checked_release_wheel(dist, to, sha256, "--sha256")
-        return _Release(source.label, source.flavour, wheel, actual)  # type: ignore[arg-type]
+        return _Release(source.label, source.flavour, wheel, actual)
     if sha256:
         raise UserError("--sha256 checks a downloaded wheel; drop it for image: and dir: sources")
-    if source.kind == "dir":
-        package = source.path
-        assert package is not None
+    if source.in_place:
+        package = source.package(pins, None)
         if state_dir_for(package).exists():
             repo = PackageRepo(package)
             dirty = repo.dirty_files() if repo.exists else []
@@ -277,9 +264,7 @@ def _release(source: Source, to: str, sha256: str | None, pins: Pins, option: st
         if found != to:
             raise UserError(f"{package} holds vLLM {found or 'of unknown version'}, not {to}; point {option} dir: "
                             f"at a vLLM {to} package")
-        return _Release(source.label, "gpu", None, None, lambda: dir_files(package))
-    return _Release(source.label, "gpu", None, None,
-                    lambda: image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries))
+    return _Release(source.label, "gpu", None, None, lambda: source.files(pins, ignore_binaries))
 
 
 def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:

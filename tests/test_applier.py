@@ -416,18 +416,18 @@ def test_a_second_port_in_one_work_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_wheel_apply_removes_stale_staging_and_keeps_compiled_objects_private(tmp_path: Path, pins) -> None:
-    from rigstack.baseline import Source
+    from rigstack.baseline import WheelSource
 
     out = tmp_path / "out"
     stale = tmp_path / ".out.tmp-killed1" / "vllm"  # what an apply killed while staging leaves
     stale.mkdir(parents=True)
     (stale / "big.bin").write_bytes(b"x" * 1000)
     stack = load_stack(REPO_ROOT / "patches").select(until="0000")[0]
-    result = applier.apply_stack(Source("wheel", flavour="cpu"), stack, pins, out=out)
+    result = applier.apply_stack(WheelSource(flavour="cpu"), stack, pins, out=out)
     assert result.written and not (tmp_path / ".out.tmp-killed1").exists()
     assert any("staging folder" in note for note in result.notes)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
-    cached = applier._binary_cache(Source("wheel", flavour="cpu"), pins)
+    cached = applier._binary_cache(WheelSource(flavour="cpu"), pins)
     compiled = sorted((out / "vllm").rglob("*.so"))
     assert compiled
     for path in compiled:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 from rigstack import applier
-from rigstack.baseline import (Fingerprint, Source, base_wheel, dir_files, ignore_binaries, image_files, match_flavour,
+from rigstack.baseline import (Fingerprint, Source, WheelSource, base_wheel, ignore_binaries, match_flavour,
                                parse_base, tracked_entries)
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -28,7 +28,6 @@ from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import export_mbox
 from rigstack.importer.quilt import read_file, read_quilt
 from rigstack.stack import DEFAULT_PATCHES_DIR, PACKAGE, SEPARATOR, Patch, load_stack, parse_patch
-from rigstack.stamp import read_stamp
 from rigstack.versions import Pins
 
 __all__ = ["ImportResult", "ImportedPatch", "export_mbox", "import_patches"]
@@ -142,20 +141,16 @@ def _first_id(patches_dir: Path, start: str | None) -> int:
 
 def _baseline(git: PackageRepo, source: Source, pins: Pins, sha256: str | None) -> tuple[str, str]:
     """(commit, fingerprint) of the base's text files in the scratch store."""
-    if source.kind == "wheel":
+    if isinstance(source, WheelSource):  # wheels have one cached store each
         from rigstack.port import _wheel_baseline  # one cached store of each wheel, shared with port
 
         return _wheel_baseline(git, *base_wheel(source, pins, sha256), BASELINE_REF)
     if sha256:
         raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
-    if source.kind == "dir":
-        assert source.path is not None
-        if read_stamp(source.path) is not None:
-            raise UserError(f"{source.path} was patched by rigstack; --base needs a pristine package: point it at one, "
-                            "or use --base wheel")
-        files = dir_files(source.path)
-    else:
-        files = image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries)
+    if source.patched_by_rigstack():
+        raise UserError(f"{source.label.partition(':')[2]} was patched by rigstack; --base needs a pristine package: "
+                        "point it at one, or use --base wheel")
+    files = source.files(pins, ignore_binaries)
     printer = Fingerprint()
     commit = git.import_commit(tracked_entries(files, printer), f"baseline: {source.label}\n", BASELINE_REF)
     return commit, printer.value
