@@ -142,7 +142,7 @@ def _first_id(patches_dir: Path, start: str | None) -> int:
 def _baseline(git: PackageRepo, source: Source, pins: Pins, sha256: str | None) -> tuple[str, str]:
     """(commit, fingerprint) of the base's text files in the scratch store."""
     if isinstance(source, WheelSource):  # wheels have one cached store each
-        from rigstack.port import _wheel_baseline  # one cached store of each wheel, shared with port
+        from rigstack.port.store import _wheel_baseline  # one cached store of each wheel, shared with port
 
         return _wheel_baseline(git, *base_wheel(source, pins, sha256), BASELINE_REF)
     if sha256:
