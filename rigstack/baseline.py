@@ -14,15 +14,18 @@ import sys
 import tarfile
 import tempfile
 import zipfile
+from fnmatch import fnmatch
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from typing import ClassVar
 
+from rigstack.atomic import replacing, temp_glob
 from rigstack.cache import wheels_dir
 from rigstack.errors import UserError
 from rigstack.stamp import STAMP_NAME
-from rigstack.versions import FLAVOURS, Pins
+from rigstack.versions import FLAVOURS, Pins, package_version, release_of
 
 PACKAGE = "vllm"
 _BINARY_SUFFIXES = (".so", ".pyc")
@@ -30,36 +33,135 @@ _SNIFF = 8000
 RELEASE = re.compile(r"\d+(\.\d+)+([.+-]?[A-Za-z0-9.]+)?")
 
 
-@dataclass(frozen=True)
+BinarySink = Callable[[str, int, Callable[[], bytes]], None]
+
+
+@dataclass(frozen=True, kw_only=True)
 class Source:
-    """What to patch: 'wheel' (flavour gpu or cpu), 'image' (ref) or 'dir' (path, patched in place).
+    """Where a pristine vLLM package comes from. Each kind is one small class answering the few questions the
+    applier, import and port ask; a new kind (a git range, a remote host) is one class and one line of parse_source.
+    """
 
-    A wheel with a version (wheel:X.Y.Z, a --base only) is that release's GPU wheel instead of the pinned one."""
-
-    kind: str
-    flavour: str | None = None
-    ref: str | None = None
-    path: Path | None = None
-    version: str | None = None
+    flavour: str | None = None  # the pinned wheel's flavour it must match (gpu, cpu); None: whichever it matches
+    version: str | None = None  # a release other than the pin (wheel:X.Y.Z, a --base only)
+    in_place: ClassVar[bool] = False  # patched where it is, never laid into a work folder
 
     @property
     def label(self) -> str:
-        if self.kind == "wheel":
-            return f"wheel:{self.version}" if self.version else "wheel" if self.flavour == "gpu" else "wheel:cpu"
-        return f"{self.kind}:{self.ref if self.kind == 'image' else self.path}"
+        raise NotImplementedError
+
+    def default_out(self, pins: Pins) -> Path:
+        """The work folder under build/ when --out is not given."""
+        raise NotImplementedError
+
+    def package(self, pins: Pins, out: Path | None) -> Path:
+        """The package folder the applier brings to the stack: vllm/ in the work folder."""
+        return (out or self.default_out(pins)).absolute() / PACKAGE
+
+    def pinned_wheel(self, pins: Pins) -> tuple[Path, str] | None:
+        """(cached file, pinned sha256) of the pinned wheel this source reads, else None."""
+        return None
+
+    def files(self, pins: Pins, binaries: BinarySink) -> Iterator[PackageFile]:
+        """The package's files in order; compiled objects go to `binaries` (dir: stay where they are)."""
+        raise NotImplementedError
+
+    def patched_by_rigstack(self) -> bool:
+        """Whether it already carries a stamp (only a folder can): not a pristine baseline."""
+        return False
+
+    def declared_release(self) -> str:
+        """The vLLM release it says it holds, before any file is read into git (a --base names its work area)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelSource(Source):
+    """wheel, wheel:cpu: the pinned wheel of that flavour; wheel:X.Y.Z (a --base): that release's GPU wheel."""
+
+    flavour: str = "gpu"
+
+    @property
+    def label(self) -> str:
+        return f"wheel:{self.version}" if self.version else "wheel" if self.flavour == "gpu" else "wheel:cpu"
+
+    def default_out(self, pins: Pins) -> Path:
+        return Path("build") / f"{pins.wheel(self.flavour)[0]}-{pins.vllm_version}"
+
+    def pinned_wheel(self, pins: Pins) -> tuple[Path, str] | None:
+        _, name, sha256 = pins.wheel(self.flavour)
+        return wheels_dir() / name, sha256
+
+    def files(self, pins: Pins, binaries: BinarySink) -> Iterator[PackageFile]:
+        return pinned_wheel_files(pins, self.flavour, binaries)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSource(Source):
+    """image:REF: the package read out of a local Docker image (never run)."""
+
+    ref: str
+
+    @property
+    def label(self) -> str:
+        return f"image:{self.ref}"
+
+    def default_out(self, pins: Pins) -> Path:
+        return Path("build") / f"image-{re.sub(r'[^A-Za-z0-9_.-]+', '_', self.ref)}"
+
+    def files(self, pins: Pins, binaries: BinarySink) -> Iterator[PackageFile]:
+        return image_files(self.ref, pins.vllm_image_package_path, binaries)
+
+    def declared_release(self) -> str:
+        tag = self.ref.rpartition(":")[2].removeprefix("v")
+        if not RELEASE.fullmatch(tag):
+            raise UserError(f"--base {self.label}: name the image by a tag holding its vLLM version (e.g. "
+                            ":v0.31.0), or use --base dir:PATH")
+        return tag
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirSource(Source):
+    """dir:PATH: a package folder on disk, patched in place."""
+
+    path: Path
+    in_place: ClassVar[bool] = True
+
+    @property
+    def label(self) -> str:
+        return f"dir:{self.path}"
+
+    def package(self, pins: Pins, out: Path | None) -> Path:
+        if out is not None:
+            raise UserError("--out is for wheel and image sources; --from dir: patches the package in place")
+        return self.path
+
+    def files(self, pins: Pins, binaries: BinarySink) -> Iterator[PackageFile]:
+        return dir_files(self.path)
+
+    def patched_by_rigstack(self) -> bool:
+        return (self.path / STAMP_NAME).is_file()
+
+    def declared_release(self) -> str:
+        version_file = self.path / "_version.py"
+        version = package_version(version_file.read_text()) if version_file.is_file() else None
+        if version is None:
+            raise UserError(f"{self.path} names no vLLM version (no _version.py); point --base dir: at a vllm "
+                            "package folder")
+        return release_of(version)
 
 
 def parse_source(text: str, option: str = "--from", releases: bool = False) -> Source:
     """--from values: wheel, wheel:cpu, wheel:gpu, image:REF, dir:PATH; with `releases`, wheel:X.Y.Z too."""
     kind, _, rest = text.partition(":")
     if kind == "wheel" and rest in ("", *FLAVOURS):
-        return Source("wheel", flavour=rest or "gpu")
+        return WheelSource(flavour=rest or "gpu")
     if releases and kind == "wheel" and RELEASE.fullmatch(rest):
-        return Source("wheel", flavour="gpu", version=rest)
+        return WheelSource(version=rest)
     if kind == "image" and rest:
-        return Source("image", ref=rest)
+        return ImageSource(ref=rest)
     if kind == "dir" and rest:
-        return Source("dir", path=Path(rest).expanduser().absolute())
+        return DirSource(path=Path(rest).expanduser().absolute())
     kinds = "wheel, wheel:cpu, wheel:X.Y.Z, image:REF or dir:PATH" if releases else \
         "wheel, wheel:cpu, image:REF or dir:PATH"
     raise UserError(f"{option} {text!r} is not a source; use {kinds}")
@@ -80,7 +182,7 @@ class PackageFile:
     @property
     def tracked(self) -> bool:
         return not (self.binary or "__pycache__" in self.path.split("/")
-                    or self.path in (STAMP_NAME, STAMP_NAME + ".tmp"))
+                    or self.path == STAMP_NAME or fnmatch(self.path, temp_glob(Path(STAMP_NAME))))
 
 
 def is_binary(path: str, head: bytes) -> bool:
@@ -124,7 +226,8 @@ def first_difference(files: dict[str, str], pins: Pins, flavours: tuple[str, ...
         if not wheel.is_file():
             continue
         expected = _record_hashes(wheel)
-        differences = [f"{PACKAGE}/{path} ({'missing' if path not in files else 'extra' if path not in expected else 'changed'})"
+        differences = [f"{PACKAGE}/{path} "
+                       f"({'missing' if path not in files else 'extra' if path not in expected else 'changed'})"
                        for path in sorted(set(expected) | set(files)) if expected.get(path) != files.get(path)]
         if best is None or len(differences) < len(best):
             best = differences
@@ -372,11 +475,9 @@ class BinaryWriter:
             return
         cached = self._cache / path
         if not cached.is_file():
-            cached.parent.mkdir(parents=True, exist_ok=True)
-            partial = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
-            # Read-only: the cache is shared by every apply of this wheel.
-            _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
-            os.replace(partial, cached)
+            with replacing(cached) as partial:
+                # Read-only: the cache is shared by every apply of this wheel.
+                _write(partial, read(), 0o100555 if mode == 0o100755 else 0o100444)
         # A copy, never a hard link: a write into one package's compiled object must not reach the cache, every
         # other package made from it and every later apply. copyfile lets the kernel copy (copy_file_range).
         shutil.copyfile(cached, destination)

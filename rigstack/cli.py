@@ -39,7 +39,7 @@ def _usage_error(error: typer.TyperException) -> int:
 def _prog_name() -> str:
     """What the user typed to start this: `python -m rigstack.images` rather than the module's file name."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return f"python -m {spec.name}" if spec is not None else Path(sys.argv[0]).name
+    return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else Path(sys.argv[0]).name
 
 
 def run(app: typer.Typer, argv: list[str] | None = None) -> int:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import git
 
+from rigstack.atomic import temp_glob
 from rigstack.errors import UserError
 from rigstack.stamp import STAMP_NAME
 
@@ -28,7 +29,7 @@ _IDENTITY = {
 }
 # Compiled objects are never patched and make up most of the package's bytes; leaving them untracked keeps the
 # baseline commit fast. Patches may not touch them (they are binary), so nothing the stack changes escapes git.
-UNTRACKED = ("*.so", "*.pyc", "__pycache__/", f"/{STAMP_NAME}", f"/{STAMP_NAME}.tmp")
+UNTRACKED = ("*.so", "*.pyc", "__pycache__/", f"/{STAMP_NAME}", f"/{temp_glob(Path(STAMP_NAME))}")
 # One diff dialect for writing and re-reading patches, whatever the user's git config says.
 DIFF_OPTIONS = ("--full-index", "--no-renames", "--no-color", "--no-ext-diff", "--no-textconv", "-U3",
                 "--diff-algorithm=myers", "--src-prefix=a/vllm/", "--dst-prefix=b/vllm/")
@@ -71,15 +72,23 @@ class PackageRepo:
     def exists(self) -> bool:
         return (self.git_dir / "HEAD").is_file()
 
-    def run(self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None,
-            check: bool = True) -> str:
+    def run(self, *args: str, env: dict[str, str] | None = None, stdin: bytes | None = None) -> str:
+        """git's output; a failure is a UserError carrying git's own message (disk full, permissions, a bad ref)."""
         try:
-            return self._git.execute(["git", *args], env={**self._env, **(env or {})}, istream=None if stdin is None
-                                     else _bytes_stream(stdin), strip_newline_in_stdout=False)
+            return self._execute(args, env, stdin)
         except git.GitCommandError as error:
-            if not check:
-                raise
             raise self._failure(args[0], _text(error.stderr)) from None
+
+    def query(self, *args: str) -> str | None:
+        """git's output, or None when git says no (a missing ref or file): for questions, not for work."""
+        try:
+            return self._execute(args, None, None)
+        except git.GitCommandError:
+            return None
+
+    def _execute(self, args: tuple[str, ...], env: dict[str, str] | None, stdin: bytes | None) -> str:
+        return self._git.execute(["git", *args], env={**self._env, **(env or {})}, strip_newline_in_stdout=False,
+                                 istream=None if stdin is None else _bytes_stream(stdin))
 
     def init(self) -> None:
         self.git_dir.mkdir(parents=True, exist_ok=True)
@@ -131,10 +140,8 @@ class PackageRepo:
         return UserError(f"git {command} failed in {self.package}: {first[:300] or 'no message'}")
 
     def rev(self, ref: str) -> str | None:
-        try:
-            return self.run("rev-parse", "--verify", "--quiet", ref + "^{commit}", check=False).strip()
-        except git.GitCommandError:
-            return None
+        found = self.query("rev-parse", "--verify", "--quiet", ref + "^{commit}")
+        return found.strip() if found is not None else None
 
     def tree_of(self, commit: str) -> str:
         return self.run("rev-parse", commit + "^{tree}").strip()
@@ -172,7 +179,7 @@ class PackageRepo:
         """Move the work tree from commit old to commit new, writing only the files that differ."""
         self.run("read-tree", "-m", "-u", old, new)
         self.run("update-ref", BRANCH, new)
-        self.run("update-index", "-q", "--refresh", check=False)
+        self.run("update-index", "-q", "--refresh")  # -q: a file that "needs update" is no failure
 
     def reset_hard(self, commit: str) -> None:
         self.run("reset", "-q", "--hard", commit)
@@ -276,10 +283,7 @@ class PackageRepo:
 
     def blob_text(self, treeish: str, path: str) -> str | None:
         """A file's text at a commit or tree, or None when it has no such file."""
-        try:
-            return self.run("cat-file", "blob", f"{treeish}:{path}", check=False)
-        except git.GitCommandError:
-            return None
+        return self.query("cat-file", "blob", f"{treeish}:{path}")
 
     def lay_tree(self, tree: str) -> None:
         """Make the index and the work tree hold `tree`, discarding edits (only files that differ are written)."""

@@ -2,7 +2,7 @@
 
 The connection and the package export live in rigstack.dockerapi; the rest of the docker SDK use is here, and
 every docker failure a user can fix becomes a UserError.
-CLI: `python -m rigstack.images build --profile NAME | --all`, `verify-image IMAGE`, `standin`.
+CLI: rigstack/commands/image.py (`rigstack image build|verify|base`, or `python -m rigstack.images ...`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
@@ -27,12 +26,11 @@ from pathlib import Path, PurePosixPath
 
 import docker
 import docker.errors
-import typer
-from rich.table import Table
 
 from rigstack import __version__
+from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
-from rigstack.cli import console, run
+from rigstack.cli import console
 from rigstack.dockerapi import connect, local_image
 from rigstack.errors import UserError
 from rigstack.gitrepo import checkout_revision
@@ -211,19 +209,19 @@ def patched_package(base: str, base_digest: str, pins: Pins, stack: Stack, packa
     """Bring a package to exactly `stack` with the applier (a no-op when it already is): by default the base
     image's own package, extracted once per base digest, so the laid files are changes against exactly what this
     base holds (a tag that moved gets a fresh extraction, not a stale one)."""
-    from rigstack.applier import apply_stack, default_out, package_for
-    from rigstack.baseline import Source
+    from rigstack.applier import apply_stack
+    from rigstack.baseline import DirSource, ImageSource
 
     if package is not None:
-        source, out = Source("dir", path=package.absolute()), None
+        source, out = DirSource(path=package.absolute()), None
     else:
-        source = Source("image", ref=base)
-        default = default_out(source, pins)
+        source = ImageSource(ref=base)
+        default = source.default_out(pins)
         out = default.with_name(f"{default.name}-{base_digest.removeprefix('sha256:')[:12]}")
     result = apply_stack(source, stack, pins, out=out)
     if result.error:
         raise UserError(result.error)
-    return package_for(source, out, pins)
+    return source.package(pins, out)
 
 
 def _copy_tool(root: Path, patches_dir: Path) -> None:
@@ -329,7 +327,7 @@ def build_image(rig: RigImage, *, package: Path | None = None, base: str | None 
             f"{OCI}source": source,
             f"{OCI}revision": revision,
             f"{OCI}version": f"{__version__}+vllm{pins.vllm_version}",
-            f"{OCI}created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            f"{OCI}created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
             f"{OCI}base.name": ref,
             f"{OCI}base.digest": base_digest,
             f"{LABEL}rig": rig.rig,
@@ -389,11 +387,7 @@ def _stream_build(client: docker.DockerClient, context: Path, tag: str, build_ar
 
 def _record(result: BuildResult, records_dir: Path) -> BuildResult:
     """The last build of each rig, for people and for the launcher: build/images/RIG.json."""
-    records_dir.mkdir(parents=True, exist_ok=True)
-    path = records_dir / f"{result.rig}.json"
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result.__dict__, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(records_dir / f"{result.rig}.json", json.dumps(result.__dict__, indent=2) + "\n")
     return result
 
 
@@ -444,23 +438,6 @@ def verify_image(image: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyR
 
 def verify_profile_image(profile_name: str, patches_dir: Path = DEFAULT_PATCHES_DIR) -> VerifyReport:
     return verify_image(rig_image(profile_name).tag, patches_dir)
-
-
-def show_report(report: VerifyReport) -> None:
-    table = Table(title=f"verify-image {report.image}", show_lines=False)
-    table.add_column("check")
-    table.add_column("result")
-    table.add_column("detail")
-    for check in report.checks:
-        if check.ok and check.name.startswith("vllm/") and report.ok and len(report.checks) > 12:
-            continue  # a long all-good file list says nothing the summary line does not
-        table.add_row(check.name, "[green]PASS[/]" if check.ok else "[bold red]FAIL[/]", check.detail)
-    console.print(table)
-    if report.ok:
-        console.print(f"[green]PASS[/] {report.image}: every laid file matches its manifest and the stack")
-    else:
-        first = report.failures[0]
-        console.print(f"[bold red]FAIL[/] {report.image}: {first.name}: {first.detail}")
 
 
 # --- the local stand-in base ---------------------------------------------------------------------------------------
@@ -548,43 +525,9 @@ def _standin_tar(rootfs: Path, wheel: Path, package_path: str, out: Path) -> Non
                 target.addfile(entry, io.BytesIO(data))
 
 
-# --- CLI -----------------------------------------------------------------------------------------------------------
-
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
-
-
-@app.command()
-def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile name; repeatable"),
-          all_: bool = typer.Option(False, "--all", help="every profile that names an image"),
-          package: Path | None = typer.Option(None, help="a patched package to lay (default: the base image's "
-                                                         "own package, patched under build/)"),
-          base: str | None = typer.Option(None, help="base image instead of the pinned one (e.g. the stand-in)"),
-          patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the patch stack"),
-          force: bool = typer.Option(False, help="build even when an image with the same cache key exists")) -> int:
-    """Build each rig's image: the pinned base plus only the files the stack changed."""
-    if all_ == bool(profile):
-        raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
-    rigs = all_rig_images() if all_ else [rig_image(name) for name in profile]
-    for rig in rigs:
-        build_image(rig, package=package, base=base, patches_dir=patches, force=force)
-    return 0
-
-
-@app.command("verify-image")
-def verify_image_command(image: str = typer.Argument(..., help="image reference or id"),
-                         patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
-    """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
-    report = verify_image(image, patches)
-    show_report(report)
-    return 0 if report.ok else 2
-
-
-@app.command()
-def standin(tag: str = typer.Option(STANDIN_TAG, help="tag for the stand-in image")) -> int:
-    """Make the local stand-in for the pinned vLLM image (needs root and debootstrap the first time)."""
-    console.print(f"{tag}: {make_standin(tag)[7:19]}")
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(run(app))
+    # `python -m rigstack.images build|verify-image|standin`, as documented: the command layer's image commands.
+    from rigstack.commands import entry
+    from rigstack.commands.image import module_app
+
+    entry(module_app)

@@ -38,6 +38,7 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from rigstack import render
+from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
 from rigstack.cli import console
 from rigstack.client import Endpoint, Server
@@ -145,10 +146,7 @@ def _read_record(run_dir: Path) -> RunRecord | None:
 
 
 def _write_record(run_dir: Path, record: RunRecord) -> None:
-    path = run_dir / RECORD_NAME
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(asdict(record), indent=2) + "\n")
-    os.replace(tmp, path)
+    write_atomic(run_dir / RECORD_NAME, json.dumps(asdict(record), indent=2) + "\n")
 
 
 def _stat_fields(pid: int) -> list[str] | None:

@@ -85,7 +85,8 @@ def plan(profile: Profile, *, model: Path | None = None, python: str = "python3"
                                      "--include-dashboard=false", "--disable-usage-stats"],
                   node_env(profile, head))]
     for host in workers:
-        steps.append(Step(host, "ray worker", [ray, "start", "--block", "--address", f"{head.address}:{profile.ray.port}",
+        address = f"{head.address}:{profile.ray.port}"
+        steps.append(Step(host, "ray worker", [ray, "start", "--block", "--address", address,
                                                "--node-ip-address", host.address, *_ports(profile),
                                                *_resources(profile, host), "--disable-usage-stats"],
                           node_env(profile, host)))
@@ -198,7 +199,8 @@ def dry_run_text(profile: Profile, remote: Remote, *, model: Path | None, python
 
 
 def serve_hosts(profile_name: str, *, run_dir: Path = launch.DEFAULT_RUN_DIR, model: Path | None = None,
-                dry_run: bool = False, remote: Remote = ssh, python: str = sys.executable, ray: str | None = None) -> int:
+                dry_run: bool = False, remote: Remote = ssh, python: str = sys.executable,
+                ray: str | None = None) -> int:
     """Every host runs the same venv at the same path as this one (the stamp check proves it is the same stack)."""
     ray = ray or str(Path(python).parent / "ray")
     profile = load_profile(profile_name)

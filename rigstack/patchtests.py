@@ -17,8 +17,6 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
 
 from rigstack.errors import UserError
 from rigstack.stack import Stack
@@ -221,18 +219,3 @@ def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (
 def proof_json(proof: Proof) -> dict[str, object]:
     return {"pristine": str(proof.pristine), "patched": str(proof.patched), "ok": proof.ok,
             "patches": [{**asdict(patch), "ok": patch.ok} for patch in proof.patches]}
-
-
-def print_proof(proof: Proof, console: Console) -> None:
-    table = Table(title=f"patch tests: patched {proof.patched} vs pristine {proof.pristine}", title_justify="left")
-    for column in ("patch", "tests", "pass patched", "fail pristine", "guards", "skipped", "verdict"):
-        table.add_column(column)
-    for patch in proof.patches:
-        verdict = "[green]proven[/]" if patch.ok else "[bold red]NOT PROVEN[/]"
-        table.add_row(patch.patch_id, str(patch.tests), f"{patch.patched_passed}/{patch.tests}",
-                      f"{patch.pristine_failed}/{patch.tests - patch.guards}", str(patch.guards), str(patch.skipped),
-                      verdict)
-    console.print(table)
-    for patch in proof.patches:
-        for problem in patch.problems:
-            console.print(f"[red]{patch.patch_id}:[/] {problem}")

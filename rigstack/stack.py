@@ -157,8 +157,8 @@ class Stack:
             if reverter is None or reverter in ids:
                 continue
             if only:
-                raise UserError(f"patch {patch.id} is reverted by {reverter} later in the stack; applying it on its own "
-                                f"is refused: select both or neither (--only {patch.id},{reverter})")
+                raise UserError(f"patch {patch.id} is reverted by {reverter} later in the stack; applying it on its "
+                                f"own is refused: select both or neither (--only {patch.id},{reverter})")
             notes.append(f"stopping between {patch.id} and its revert {reverter}: {patch.id}'s change is live here "
                          "but not in the full stack")
         for patch in chosen:
@@ -181,7 +181,8 @@ def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
         raise UserError(f"patch folder {patches_dir} does not exist; pass --patches DIR")
     patches = []
     seen: dict[str, str] = {}
-    for path in sorted(patches_dir.glob("*.patch")):
+    # Hidden files are a killed write's temporary (rigstack.atomic), never a patch.
+    for path in sorted(p for p in patches_dir.glob("*.patch") if not p.name.startswith(".")):
         match = _NAME.match(path.name)
         if not match:
             raise UserError(f"{path}: patch files are named NNNN-slug.patch (lower-case slug); rename it")

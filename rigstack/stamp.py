@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 
 STAMP_NAME = "rigstack_stamp.json"
@@ -69,7 +69,4 @@ def read_stamp(package: Path) -> Stamp | None:
 
 
 def write_stamp(package: Path, stamp: Stamp) -> None:
-    path = stamp_path(package)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(stamp.to_dict(), indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    write_atomic(stamp_path(package), json.dumps(stamp.to_dict(), indent=2, sort_keys=True) + "\n")

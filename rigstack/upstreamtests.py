@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rigstack import patchtests
+from rigstack.atomic import replacing
 from rigstack.baseline import _check_sha256, sha256_of
 from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
@@ -142,21 +143,16 @@ def _download_sdist(name: str, version: str, target: Path) -> None:
             links = [found.link for found in finder.find_all_candidates(name) if found.link.filename == target.name]
             if not links:
                 raise UserError(f"the package index has no {target.name}; check VLLM_SDIST in versions.env")
-            with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".download-", delete=False) as handle:
-                try:
+            with replacing(target) as partial:
+                with partial.open("wb") as handle:
                     response = session.get(links[0].url_without_fragment, stream=True)
                     response.raise_for_status()
                     for chunk in response.iter_content(1 << 20):
                         handle.write(chunk)
-                except BaseException:
-                    os.unlink(handle.name)
-                    raise
-            if links[0].hash_name == "sha256" and sha256_of(Path(handle.name)) != links[0].hash:
-                os.unlink(handle.name)  # the index's own hash: what `port --write` pins must be what it serves
-                raise UserError(f"{target.name} downloaded damaged (its sha256 is not the index's {links[0].hash}); "
-                                "rerun")
-            os.chmod(handle.name, 0o644)  # the cache is shared, as the wheels beside it are
-            os.replace(handle.name, target)
+                if links[0].hash_name == "sha256" and sha256_of(partial) != links[0].hash:
+                    # the index's own hash: what `port --write` pins must be what it serves
+                    raise UserError(f"{target.name} downloaded damaged (its sha256 is not the index's "
+                                    f"{links[0].hash}); rerun")
     except (RequestException, OSError) as error:
         raise UserError(f"could not download {target.name} ({error}); with no network, put it in {target.parent}/ "
                         "and rerun") from None

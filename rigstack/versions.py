@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = REPO_ROOT / "versions.env"
 
 FLAVOURS = ("gpu", "cpu")
+# vcs-versioning writes `__version__ = version = '0.32.0'`; older setuptools-scm only `__version__ = '...'`.
+_VERSION_LINE = re.compile(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)")
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,15 @@ def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE) -> None:
             lines[index] = f"{key}={shlex.quote(pending.pop(key))}\n"
     if pending:
         raise UserError(f"{path}: no line for {', '.join(sorted(pending))}; add the keys first")
-    tmp = path.with_suffix(".env.tmp")
-    tmp.write_text("".join(lines))
-    tmp.replace(path)
+    write_atomic(path, "".join(lines))
+
+
+def package_version(version_py: str) -> str | None:
+    """The version a vLLM package's `_version.py` declares, local part kept ("0.32.0+cpu"); None when it has none."""
+    match = _VERSION_LINE.search(version_py)
+    return match.group(1) if match else None
+
+
+def release_of(version: str) -> str:
+    """The release both flavours' wheels are cut from: "0.32.0+cpu" -> "0.32.0"."""
+    return version.split("+", 1)[0]

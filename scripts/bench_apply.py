@@ -20,13 +20,12 @@ from typing import Annotated
 
 import typer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from rigstack import cli
+from rigstack.baseline import fetch_wheel
+from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
+from rigstack.versions import load_pins
 
-from rigstack import cli  # noqa: E402
-from rigstack.baseline import fetch_wheel  # noqa: E402
-from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack  # noqa: E402
-from rigstack.versions import load_pins  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 app = typer.Typer(add_completion=False)
 

@@ -13,11 +13,12 @@ from typing import Annotated
 
 import typer
 
+from rigstack import cli
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+# The kernel loaders live beside the kernel tests, which also run as plain scripts on a GPU host.
 sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 
-from rigstack import cli  # noqa: E402
 
 app = typer.Typer(add_completion=False)
 

@@ -6,13 +6,11 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from anywhere in the checkout
 
-from rigstack.cli import run  # noqa: E402
+from rigstack.cli import run
 
 app = typer.Typer(add_completion=False, help=__doc__.splitlines()[0], pretty_exceptions_enable=False)
 

@@ -1,40 +1,7 @@
-"""conc.py: concurrency sweep (closed loop: 1, 2, 4, ... N streams) or open-loop Poisson rates: TTFT, TPOT, ITL,
-E2E percentiles, aggregate, per-stream and steady-state tok/s, failed requests. Add --debug for tracebacks."""
+"""conc.py: concurrency sweep or open-loop rates (`rigstack conc`)."""
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
-from rigstack.probes import conc  # noqa: E402
-
-app = typer.Typer(add_completion=False)
-
-
-@app.command()
-def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
-         timeout: Timeout = 600.0,
-         levels: Annotated[str, typer.Option(help="closed-loop stream counts, comma-separated [1,2,4,8 unless "
-                                                  "--rates is given]")] = "",
-         rates: Annotated[str, typer.Option(help="open-loop requests/s, comma-separated")] = "",
-         requests: Annotated[int, typer.Option(help="requests per level (0: 4 per stream, 32 per rate)")] = 0,
-         workload: Annotated[str, typer.Option(help="prompt set")] = "prose",
-         max_tokens: Annotated[int, typer.Option(help="tokens per answer (pinned)")] = 200,
-         fixed: Annotated[str, typer.Option(help="auto | ignore_eos | min_tokens | none")] = "auto",
-         interval: Annotated[float, typer.Option(help="seconds between /metrics samples")] = 0.5,
-         seed: Annotated[int, typer.Option(help="seed of the Poisson schedule")] = 0,
-         warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
-         out: Out = None) -> int:
-    return conc.main(Target(url, model, api_key_env, profile, package, timeout), levels, rates, requests, workload,
-                     max_tokens, fixed, interval, seed, warmup, out)
-
+from rigstack.commands import entry
+from rigstack.commands.conc import app
 
 if __name__ == "__main__":
-    sys.exit(cli.run(app))
+    entry(app)

@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rigstack import cli  # noqa: E402
-from rigstack.tinymodel import KINDS, build_tiny_model  # noqa: E402
+from rigstack import cli
+from rigstack.tinymodel import KINDS, build_tiny_model
 
 app = typer.Typer(add_completion=False, help=__doc__)
 

@@ -1,34 +1,7 @@
-"""needle.py: a planted fact in haystacks of several lengths, at several depths; pass/fail per cell and a heatmap.
-Add --debug anywhere for tracebacks."""
+"""needle.py: a planted fact in haystacks of several lengths and depths (`rigstack needle`)."""
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
-from rigstack.probes import needle  # noqa: E402
-
-app = typer.Typer(add_completion=False)
-
-
-@app.command()
-def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
-         timeout: Timeout = 1800.0,
-         lengths: Annotated[str, typer.Option(help="context lengths in tokens, comma-separated")] = "1024,4096,16384",
-         depths: Annotated[str, typer.Option(help="needle depths 0..1, comma-separated")] = "0,0.25,0.5,0.75,1",
-         seed: Annotated[int, typer.Option(help="seed of the planted codes")] = 0,
-         out: Out = None) -> int:
-    return needle.main(Target(url, model, api_key_env, profile, package, timeout),
-                       [int(x) for x in lengths.split(",") if x.strip()],
-                       [float(x) for x in depths.split(",") if x.strip()], seed, out)
-
+from rigstack.commands import entry
+from rigstack.commands.needle import app
 
 if __name__ == "__main__":
-    sys.exit(cli.run(app))
+    entry(app)

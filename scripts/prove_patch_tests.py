@@ -7,16 +7,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rigstack import cli, patchtests  # noqa: E402
-from rigstack.errors import UserError  # noqa: E402
-from rigstack.report import print_json  # noqa: E402
-from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack  # noqa: E402
+from rigstack import cli, patchtests
+from rigstack.errors import UserError
+from rigstack.output import print_json
+from rigstack.output.proofs import print_proof
+from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 
 app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass patched and fail pristine.")
 
@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass
 def main(
     pristine: Annotated[Path, typer.Option(help="the unpatched vllm package folder (with its .so files)")],
     patched: Annotated[Path, typer.Option(help="the same package with the stack applied")],
-    only: Annotated[Optional[str], typer.Option(help="comma-separated patch ids to prove, nothing else")] = None,
+    only: Annotated[str | None, typer.Option(help="comma-separated patch ids to prove, nothing else")] = None,
     markers: Annotated[str, typer.Option(help="pytest -m expression choosing the tests")] = patchtests.DEFAULT_MARKERS,
     patches: Annotated[Path, typer.Option(help="the patch folder")] = DEFAULT_PATCHES_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")] = False,
@@ -35,7 +35,7 @@ def main(
                              markers)
     if as_json:
         print_json(patchtests.proof_json(proof))
-    patchtests.print_proof(proof, cli.console)
+    print_proof(proof, cli.console)
     if not proof.ok:
         raise UserError(f"{sum(not p.ok for p in proof.patches)} patch(es) not proven (listed above); fix their tests "
                         "or mark tests that check kept behaviour upstream_guard")

@@ -1,31 +1,7 @@
-"""qual.py: checkable items (exact arithmetic, JSON, seed 004's five agent-protocol cases), reported as n of m.
-Add --debug anywhere for tracebacks."""
+"""qual.py: checkable items (arithmetic, JSON, agent-protocol cases), n of m (`rigstack qual`)."""
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rigstack import cli  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url  # noqa: E402
-from rigstack.probes import qual  # noqa: E402
-
-app = typer.Typer(add_completion=False)
-
-
-@app.command()
-def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
-         timeout: Timeout = 600.0,
-         group: Annotated[list[str], typer.Option(help="arithmetic | json | agent; repeat; default all")] = [],
-         max_tokens: Annotated[int, typer.Option(help="answer budget per item")] = 1024,
-         out: Out = None) -> int:
-    return qual.main(Target(url, model, api_key_env, profile, package, timeout), group, max_tokens, out)
-
+from rigstack.commands import entry
+from rigstack.commands.qual import app
 
 if __name__ == "__main__":
-    sys.exit(cli.run(app))
+    entry(app)

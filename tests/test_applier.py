@@ -22,7 +22,7 @@ from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.stack import load_stack
 from rigstack.stamp import read_stamp
 from rigstack.versions import REPO_ROOT
-from tests.test_apply_cli import one_line_error, run_apply
+from testing.cli import one_line_error, run_apply
 
 PARSER = "parser/glm47_moe.py"
 SCHED = "v1/core/sched/scheduler.py"
@@ -198,7 +198,8 @@ def test_symlinks_are_refused(tmp_path: Path) -> None:
 @pytest.mark.parametrize("text, message", [
     ("no header at all\n", "expected header lines"),
     ("Subject: s\n---\ndiff --git a/vllm/x.py b/vllm/x.py\n", "missing Why"),
-    ("Subjet: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n---\ndiff --git a/vllm/x b/vllm/x\n",
+    ("Subjet: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n---\n"
+     "diff --git a/vllm/x b/vllm/x\n",
      "unknown header field 'Subjet'"),
 ])
 def test_malformed_patch_files_are_named(tmp_path: Path, text: str, message: str) -> None:
@@ -415,18 +416,18 @@ def test_a_second_port_in_one_work_folder_is_refused(tmp_path: Path) -> None:
 
 
 def test_wheel_apply_removes_stale_staging_and_keeps_compiled_objects_private(tmp_path: Path, pins) -> None:
-    from rigstack.baseline import Source
+    from rigstack.baseline import WheelSource
 
     out = tmp_path / "out"
     stale = tmp_path / ".out.tmp-killed1" / "vllm"  # what an apply killed while staging leaves
     stale.mkdir(parents=True)
     (stale / "big.bin").write_bytes(b"x" * 1000)
     stack = load_stack(REPO_ROOT / "patches").select(until="0000")[0]
-    result = applier.apply_stack(Source("wheel", flavour="cpu"), stack, pins, out=out)
+    result = applier.apply_stack(WheelSource(flavour="cpu"), stack, pins, out=out)
     assert result.written and not (tmp_path / ".out.tmp-killed1").exists()
     assert any("staging folder" in note for note in result.notes)
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
-    cached = applier._binary_cache(Source("wheel", flavour="cpu"), pins)
+    cached = applier._binary_cache(WheelSource(flavour="cpu"), pins)
     compiled = sorted((out / "vllm").rglob("*.so"))
     assert compiled
     for path in compiled:

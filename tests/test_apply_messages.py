@@ -7,7 +7,7 @@ from pathlib import Path
 from rigstack import applier
 from rigstack.baseline import parse_source
 from rigstack.stack import load_stack
-from tests.conftest import PatchMaker
+from testing.patches import PatchMaker
 
 SCHED = "v1/core/sched/scheduler.py"
 

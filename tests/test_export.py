@@ -10,8 +10,8 @@ from rigstack import applier
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
-from tests.conftest import PatchMaker
-from tests.test_apply_cli import one_line_error, run_apply
+from testing.patches import PatchMaker
+from testing.cli import one_line_error, run_apply
 
 LOGGER = "logger.py"
 

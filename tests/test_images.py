@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from rigstack import images
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT, load_pins
+from testing.patches import PatchMaker
 
 PINS = load_pins()
 SITE = str(Path(PINS.vllm_image_package_path).parent)
@@ -25,49 +25,20 @@ PROBE = "utils/math_utils.py"  # imports only the standard library: importable i
 HEAVY = "logger.py"  # needs the whole vLLM environment to import; compiled only
 GIT_ENV = {**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@t", "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
-HEADER = """Subject: test: a probe function for the image tests
-Why: tests/test_images.py needs a patched module that imports without torch
-Origin: rigstack
-Upstream: not submitted
-Switch: none (bug fix)
-Rigs: all
-Tests: tests/test_images.py
-"""
 
 
 def _git(cwd: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=cwd, env=GIT_ENV, check=True, capture_output=True, text=True).stdout
 
 
-def _pristine(path: str) -> str:
-    from rigstack.baseline import fetch_wheel
-
-    with zipfile.ZipFile(fetch_wheel(PINS, "cpu")) as wheel:
-        return wheel.read(f"vllm/{path}").decode()
-
-
-def _write_stack(folder: Path, edits: dict[str, str], scratch: Path, patch_id: str = "0001") -> Path:
-    """A one-patch stack in the project's format, made with real git from the pristine cpu files."""
-    scratch.mkdir(parents=True)
-    _git(scratch, "init", "-q")
-    for path in edits:
-        (scratch / path).parent.mkdir(parents=True, exist_ok=True)
-        (scratch / path).write_text(_pristine(path))
-    _git(scratch, "add", "-A")
-    _git(scratch, "commit", "-qm", "baseline")
-    for path, text in edits.items():
-        (scratch / path).write_text(text)
-    diff = _git(scratch, "diff", "--full-index", "--no-renames", "--no-color", "-U3", "--src-prefix=a/vllm/",
-                "--dst-prefix=b/vllm/")
-    folder.mkdir(parents=True)
-    (folder / f"{patch_id}-image-probe.patch").write_text(HEADER + "---\n" + diff)
+def _write_stack(patch_maker: PatchMaker, folder: Path, word: str) -> Path:
+    """A one-patch stack: a probe function in a module that imports without torch, a comment in one that needs
+    the whole vLLM environment (compiled only)."""
+    edits = {PROBE: patch_maker.read(PROBE) + f'\n\ndef rigstack_probe() -> str:\n    return "{word}"\n',
+             **patch_maker.edit(HEAVY, '"""Logging configuration for vLLM."""',
+                                '"""Logging configuration for vLLM."""\n# laid by rigstack')}
+    patch_maker.write(folder, "0001-image-probe.patch", edits, subject="test: a probe function for the image tests")
     return folder
-
-
-def _probe_edits(word: str) -> dict[str, str]:
-    return {PROBE: _pristine(PROBE) + f'\n\ndef rigstack_probe() -> str:\n    return "{word}"\n',
-            HEAVY: _pristine(HEAVY).replace('"""Logging configuration for vLLM."""',
-                                            '"""Logging configuration for vLLM."""\n# laid by rigstack', 1)}
 
 
 def _sha(data: bytes) -> str:
@@ -170,8 +141,8 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def stack_dir(work: Path) -> Path:
-    return _write_stack(work / "patches", _probe_edits("laid by rigstack"), work / "gen")
+def stack_dir(patch_maker: PatchMaker, work: Path) -> Path:
+    return _write_stack(patch_maker, work / "patches", "laid by rigstack")
 
 
 @pytest.fixture(scope="module")
@@ -301,8 +272,8 @@ def test_verify_fails_on_a_tampered_image_naming_the_file(client, built: images.
 
 
 @pytest.mark.docker
-def test_verify_fails_when_the_stack_moved_on(built: images.BuildResult, work: Path) -> None:
-    newer = _write_stack(work / "patches-newer", _probe_edits("a newer stack"), work / "gen-newer")
+def test_verify_fails_when_the_stack_moved_on(built: images.BuildResult, patch_maker: PatchMaker, work: Path) -> None:
+    newer = _write_stack(patch_maker, work / "patches-newer", "a newer stack")
     report = images.verify_image(TAG, newer)
     assert [check.name for check in report.failures] == ["stack"]
     assert "rebuild" in report.failures[0].detail
@@ -323,8 +294,9 @@ def test_missing_base_says_how_to_get_one(client, stack_dir: Path) -> None:  # n
 
 
 @pytest.mark.docker
-def test_stack_that_does_not_apply_fails_before_any_build(client, standin: str, work: Path) -> None:  # noqa: ANN001
-    broken = _write_stack(work / "patches-broken", _probe_edits("x"), work / "gen-broken")
+def test_stack_that_does_not_apply_fails_before_any_build(client, standin: str, patch_maker: PatchMaker,  # noqa: ANN001
+                                                          work: Path) -> None:
+    broken = _write_stack(patch_maker, work / "patches-broken", "x")
     patch = next(broken.glob("*.patch"))
     patch.write_text(patch.read_text().replace("     return values[i] if", "     return values[j] if", 1))
     old = Path.cwd()

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from rigstack import launch
 from rigstack.errors import UserError
+from testing.net import free_port
 
 FAKE_SERVER = r'''
 import json, os, signal, subprocess, sys, time
@@ -75,9 +76,7 @@ def fake(tmp_path: Path):
     started: list[Path] = []
 
     def start(mode: str, timeout_s: float = 30.0, name: str = "tiny") -> launch.Launched:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         started.append(run_dir)
         return launch.launch([sys.executable, str(script), mode, str(port), name], {"FAKE": "1"}, run_dir,
                              url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=timeout_s)
@@ -249,9 +248,7 @@ def test_stop_run_ends_every_replica(tmp_path: Path) -> None:
     script.write_text(FAKE_SERVER)
     records = []
     for replica in range(2):
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
+        port = free_port()
         folder = tmp_path / "run" / f"replica-{replica}"
         records.append(launch.launch([sys.executable, str(script), "ok", str(port), "tiny"], {}, folder,
                                      url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=30).record)

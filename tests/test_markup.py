@@ -10,9 +10,11 @@ import pytest
 import typer
 from rich.console import Console
 
-from rigstack import cli, report
+from rigstack import cli, output
+from rigstack.output import stack as report
 from rigstack.applier import PatchResult, StackResult
 from rigstack.errors import UserError
+from rigstack.output.preflight import print_fits
 from rigstack.preflight import runner
 
 TRAP = "/data/[/x]/[red]m"  # a closing tag with no opening one, and a style that would eat itself
@@ -23,7 +25,7 @@ def screen(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
     """Every console of these modules, writing plain text to one buffer."""
     buffer = io.StringIO()
     console = Console(file=buffer, width=400, highlight=False, no_color=True)
-    for module, name in ((runner, "out"), (cli, "console")):
+    for module, name in ((output, "stdout"), (cli, "console")):
         monkeypatch.setattr(module, name, console)
     return buffer
 
@@ -40,7 +42,7 @@ def test_the_profile_table_prints_descriptions_verbatim(tmp_path: Path, screen: 
     profile = tmp_path / "trap.yaml"
     profile.write_text(f"extends: cpu-tiny\ndescription: '{TRAP}'\n")
     monkeypatch.setattr(runner, "list_profiles", lambda: [str(profile)])
-    assert runner.list_fits() == runner.EXIT_OK
+    print_fits(*runner.fits(), as_json=False)
     assert TRAP in screen.getvalue()
 
 

@@ -18,7 +18,8 @@ import pytest
 from rigstack import launch, multinode
 from rigstack.preflight.host import meminfo
 from rigstack.profiles import Host, load_profile
-from tests.fixtures_server import free_port, server_env
+from testing.net import free_port
+from testing.server import server_env
 
 HEAD, WORKER = "10.77.0.1", "10.77.0.2"  # cpu-tiny-2hosts-pp2's addresses
 NEED_GIB = 5.0

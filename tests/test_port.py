@@ -18,8 +18,8 @@ from rigstack.cache import wheels_dir
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT, load_pins, update_pins
-from tests.conftest import PatchMaker
-from tests.test_apply_cli import one_line_error, run_apply
+from testing.patches import PatchMaker
+from testing.cli import one_line_error, run_apply
 
 OLD, NEW = "9.0.0", "9.1.0"
 PLATFORM = "cp38-abi3-manylinux_2_28_x86_64"

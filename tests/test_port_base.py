@@ -15,8 +15,8 @@ from rigstack import port
 from rigstack.baseline import release_wheel, sha256_of
 from rigstack.errors import UserError
 from rigstack.versions import REPO_ROOT, load_pins
-from tests.test_apply_cli import one_line_error, run_apply
-from tests.test_import import Repo, git
+from testing.cli import one_line_error, run_apply
+from testing.forks import Repo, git
 
 BASE = "0.31.0"
 # Each file the series touches, and why the port must give its patch the status the test expects (checked by hand

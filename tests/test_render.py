@@ -63,7 +63,8 @@ def test_docker_run_argv() -> None:
     assert argv[:4] == ["docker", "run", "--rm", "--name"]
     assert argv[argv.index("--gpus") + 1] == '"device=2,3"'
     assert argv[argv.index("-p") + 1] == "0.0.0.0:8001:8001"
-    assert "HF_HUB_OFFLINE=1" in argv and "/models/glm53-flash-w4a16-e4m3-k32:/models/glm53-flash-w4a16-e4m3-k32:ro" in argv
+    mount = "/models/glm53-flash-w4a16-e4m3-k32"
+    assert "HF_HUB_OFFLINE=1" in argv and f"{mount}:{mount}:ro" in argv
     assert not any(arg.startswith("CUDA_VISIBLE_DEVICES=") for arg in argv)  # docker renumbers the cards
     tail = argv[argv.index("--entrypoint"):]
     assert tail[:5] == ["--entrypoint", "python3", image, "-m", SERVER_MODULE]

@@ -19,7 +19,8 @@ import pytest
 
 from rigstack import launch
 from rigstack.preflight.host import meminfo
-from tests.fixtures_server import free_port, server_env
+from testing.net import free_port
+from testing.server import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 NEED_GIB = 7.0  # two servers of about 2.5 GiB and the router, with room to spare on a shared box

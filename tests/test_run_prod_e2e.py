@@ -18,7 +18,8 @@ from rigstack.cache import cache_dir
 from rigstack.preflight.knowledge import find_package
 from rigstack.profiles import load_profile
 from rigstack.stamp import read_stamp
-from tests.fixtures_server import free_port, server_env
+from testing.net import free_port
+from testing.server import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPT = "The server has four cards and"

@@ -25,26 +25,33 @@ from rigstack.profiles import list_profiles
 from rigstack.versions import REPO_ROOT, Pins
 
 REQUIREMENTS = REPO_ROOT / "requirements.txt"
-# Every entry point: the top-level scripts, each file in scripts/ (all are typer apps) and the images module.
+PYPROJECT = REPO_ROOT / "pyproject.toml"
+# Every entry point: the top-level scripts, each file in scripts/ (all are typer apps), the images module and the
+# `rigstack` command (as `python -m rigstack`; its console script is tested on its own).
 ENTRY_POINTS = [["apply.py"], ["preflight.py"], *[[f"scripts/{path.name}"] for path in
                                                    sorted((REPO_ROOT / "scripts").glob("*.py"))],
-                ["-m", "rigstack.images"]]
+                ["-m", "rigstack.images"], ["-m", "rigstack"]]
 
 
 def _build(venv: Path) -> None:
-    """The Makefile's rule, step by step: the system python3's venv, then pip install -r requirements.txt."""
+    """The Makefile's rule, step by step: the system python3's venv, pip install -r requirements.txt, then this
+    checkout, editable."""
     python3 = shutil.which("python3")
     assert python3, "no python3 on PATH (the Makefile builds .venv with it)"
     subprocess.run([python3, "-m", "venv", "--clear", str(venv)], check=True, capture_output=True, timeout=300)
     pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-r", str(REQUIREMENTS)],
                          capture_output=True, text=True, timeout=900)
     assert pip.returncode == 0, f"pip install -r requirements.txt failed:\n{pip.stderr[-3000:]}"
+    pip = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--no-deps", "-e",
+                          str(REPO_ROOT)], capture_output=True, text=True, timeout=900)
+    assert pip.returncode == 0, f"pip install -e . failed:\n{pip.stderr[-3000:]}"
     (venv / ".installed").touch()
 
 
 @pytest.fixture(scope="session")
 def tool_python() -> Path:
-    key = hashlib.sha256(REQUIREMENTS.read_bytes()).hexdigest()[:16]
+    # The editable install points at one checkout: the key names it, so two checkouts never share a venv.
+    key = hashlib.sha256(REQUIREMENTS.read_bytes() + PYPROJECT.read_bytes() + bytes(REPO_ROOT)).hexdigest()[:16]
     venv = cache_dir() / "venvs" / f"tool-{key}"
     venv.parent.mkdir(parents=True, exist_ok=True)
     # Two sessions sharing the cache build it once; a build that was interrupted has no marker and is redone.
@@ -81,6 +88,8 @@ USAGE_ERRORS = [
     (["scripts/bench.py"], [], "Missing option '--url'."),
     (["scripts/conc.py"], ["--streams", "1,2"], "No such option: --streams"),
     (["-m", "rigstack.images"], ["biuld"], "No such command 'biuld'. Did you mean 'build'?"),
+    (["-m", "rigstack"], ["aply"], "No such command 'aply'. Did you mean 'apply'?"),
+    (["-m", "rigstack"], ["image", "verfy"], "No such command 'verfy'. Did you mean 'verify'?"),
     # bench_preflight passes options it does not know on to preflight: a bad value of its own instead.
     (["scripts/bench_preflight.py"], ["--runs", "x"], "Invalid value for '--runs'"),
     *[(entry, ["--bogus"], "No such option: --bogus") for entry in ENTRY_POINTS
@@ -134,7 +143,10 @@ def helps(tool_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[t
         tops = dict(pool.map(help_of, [tuple(entry) for entry in ENTRY_POINTS]))
         subs = dict(pool.map(help_of, [(*entry, command) for entry, text in tops.items()
                                        for command in commands_of(text)]))
-    return {**tops, **subs}
+        # rigstack's groups: image build|verify|base, bang run|swap, preflight profiles|show|plan
+        groups = dict(pool.map(help_of, [(*words, command) for words, text in subs.items()
+                                         for command in commands_of(text)]))
+    return {**tops, **subs, **groups}
 
 
 def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], str]) -> None:
@@ -144,6 +156,43 @@ def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], s
     for words in (("apply.py", "port"), ("preflight.py", "profiles"), ("scripts/run_prod.py", "stop"),
                   ("scripts/probe_bang.py", "swap"), ("-m", "rigstack.images", "standin")):
         assert words in helps, sorted(helps)
+
+
+# The shims the seeds' users type, and the `rigstack` subcommand each one is.
+SHIMS = [(("apply.py", "apply"), ("apply",)), (("apply.py", "port"), ("port",)), (("preflight.py",), ("preflight",)),
+         (("preflight.py", "plan"), ("plan",)), (("scripts/run_prod.py",), ("serve",)),
+         (("scripts/run_prod.py", "stop"), ("stop",)), (("scripts/bench.py",), ("bench",)),
+         (("scripts/probe_bang.py", "swap"), ("bang", "swap")),
+         (("-m", "rigstack.images", "build"), ("image", "build")),
+         (("-m", "rigstack.images", "verify-image"), ("image", "verify")),
+         (("-m", "rigstack.images", "standin"), ("image", "base"))]
+
+
+def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: dict[tuple[str, ...], str],
+                                                     tmp_path: Path) -> None:
+    rigstack = tool_python.parent / "rigstack"  # the console script pip made
+    top = run(rigstack, "--help", tmp=tmp_path)
+    assert top.returncode == 0, top.stderr
+    assert sorted(commands_of(top.stdout)) == sorted(
+        ["apply", "check", "status", "diff", "export", "import", "port", "preflight", "plan", "image", "serve",
+         "stop", "bench", "conc", "needle", "qual", "compare", "bang"])
+    for shim, command in SHIMS:
+        flags = [set(re.findall(r"--[a-z][a-z0-9-]*", helps[words])) for words in (shim, ("-m", "rigstack", *command))]
+        assert flags[0] == flags[1], (shim, command)
+    shim, command = (run(tool_python, *words, "profiles", "--json", tmp=tmp_path) for words in
+                     (["preflight.py"], [str(rigstack), "preflight"]))
+    assert shim.returncode == command.returncode == 0 and shim.stdout == command.stdout != ""
+
+
+def test_no_entry_point_edits_sys_path() -> None:
+    """The package is installed: no script reaches into the checkout (bar the two GPU benches' kernel loaders)."""
+    kernel_benches = {"bench_sparse_mla.py", "bench_expert_gather.py"}
+    found = [path.name for path in [*REPO_ROOT.glob("*.py"), *REPO_ROOT.glob("scripts/*.py")]
+             if "sys.path.insert" in path.read_text() and path.name not in kernel_benches]
+    assert not found, found
+    for name in kernel_benches:
+        assert re.findall(r"sys\.path\.insert\(.*", (REPO_ROOT / "scripts" / name).read_text()) == [
+            'sys.path.insert(0, str(ROOT / "tests" / "kernels"))'], name
 
 
 def test_preflight_profiles(tool_python: Path, tmp_path: Path) -> None:
@@ -213,7 +262,8 @@ def test_an_interpreter_that_cannot_import_vllm_is_named_with_the_fix(tool_pytho
 
 README = REPO_ROOT / "README.md"
 # `python X.py ...`, `$py X.py ...` or `python -m rigstack.images ...`, up to a comment.
-_INVOCATION = re.compile(r"(?:python|\$py)\s+(-m rigstack\.images|[\w/]+\.py)([^#`\n]*)")
+_INVOCATION = re.compile(r"(?:python|\$py)\s+(-m rigstack\.images|[\w/]+\.py)([^#`\n;]*)")
+_RIGSTACK = re.compile(r"^rigstack\s+([^#`\n;]*)", re.MULTILINE)  # the console script, at the start of a line
 
 
 def readme_invocations() -> list[tuple[list[str], list[str]]]:
@@ -224,6 +274,7 @@ def readme_invocations() -> list[tuple[list[str], list[str]]]:
     for place in places:
         for entry, rest in _INVOCATION.findall(place):
             found.append((entry.split(), rest.split()))
+        found += [(["-m", "rigstack"], rest.split()) for rest in _RIGSTACK.findall(place)]
     return found
 
 
@@ -234,7 +285,8 @@ def test_readme_flags_are_in_the_scripts_help(helps: dict[tuple[str, ...], str])
     wrong = []
     for entry, words in invocations:
         assert tuple(entry) in helps, f"README runs {' '.join(entry)}, which is not an entry point"
-        command = (*entry, words[0]) if words and (*entry, words[0]) in helps else tuple(entry)
+        command = next((words_ for words_ in ((*entry, *words[:2]), (*entry, *words[:1])) if words_ in helps),
+                       tuple(entry))
         listed = set(re.findall(r"--[a-z][a-z0-9-]*", helps[command]))
         wrong += [f"{' '.join(command)} {flag}" for word in words for flag in re.findall(r"--[a-z][a-z0-9-]*", word)
                   if flag not in listed]

@@ -16,11 +16,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
 
 from rigstack import applier
-from rigstack.baseline import (Fingerprint, Source, base_wheel, dir_files, ignore_binaries, image_files, match_flavour,
+from rigstack.baseline import (Fingerprint, Source, WheelSource, base_wheel, ignore_binaries, match_flavour,
                                parse_base, tracked_entries)
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -30,10 +28,9 @@ from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import export_mbox
 from rigstack.importer.quilt import read_file, read_quilt
 from rigstack.stack import DEFAULT_PATCHES_DIR, PACKAGE, SEPARATOR, Patch, load_stack, parse_patch
-from rigstack.stamp import read_stamp
 from rigstack.versions import Pins
 
-__all__ = ["ImportResult", "ImportedPatch", "export_mbox", "import_patches", "print_result"]
+__all__ = ["ImportResult", "ImportedPatch", "export_mbox", "import_patches"]
 
 BASELINE_REF = "refs/import/baseline"
 _TAKEN = re.compile(r"^(\d{4})-")
@@ -144,20 +141,16 @@ def _first_id(patches_dir: Path, start: str | None) -> int:
 
 def _baseline(git: PackageRepo, source: Source, pins: Pins, sha256: str | None) -> tuple[str, str]:
     """(commit, fingerprint) of the base's text files in the scratch store."""
-    if source.kind == "wheel":
-        from rigstack.port import _wheel_baseline  # one cached store of each wheel, shared with port
+    if isinstance(source, WheelSource):  # wheels have one cached store each
+        from rigstack.port.store import _wheel_baseline  # one cached store of each wheel, shared with port
 
         return _wheel_baseline(git, *base_wheel(source, pins, sha256), BASELINE_REF)
     if sha256:
         raise UserError("--base-sha256 checks a wheel; drop it for image: and dir: bases")
-    if source.kind == "dir":
-        assert source.path is not None
-        if read_stamp(source.path) is not None:
-            raise UserError(f"{source.path} was patched by rigstack; --base needs a pristine package: point it at one, "
-                            "or use --base wheel")
-        files = dir_files(source.path)
-    else:
-        files = image_files(source.ref or "", pins.vllm_image_package_path, ignore_binaries)
+    if source.patched_by_rigstack():
+        raise UserError(f"{source.label.partition(':')[2]} was patched by rigstack; --base needs a pristine package: "
+                        "point it at one, or use --base wheel")
+    files = source.files(pins, ignore_binaries)
     printer = Fingerprint()
     commit = git.import_commit(tracked_entries(files, printer), f"baseline: {source.label}\n", BASELINE_REF)
     return commit, printer.value
@@ -295,34 +288,3 @@ def _write(patches: list[Patch], folder: Path) -> tuple[str, ...]:
 
 def _replace(row: ImportedPatch, **changes) -> ImportedPatch:  # noqa: ANN003
     return ImportedPatch(**{**asdict(row), **changes})
-
-
-_STYLE = {"applied": "green", "offset": "yellow", "not-reached": "dim"}
-
-
-def print_result(result: ImportResult, console: Console) -> None:
-    title = f"import{' (dry run)' if result.dry_run else ''}: onto {result.base} -> {result.patches_dir}"
-    table = Table(title=title, title_justify="left")
-    for column in ("source", "new patch", "subject", "files", "status"):
-        table.add_column(column)
-    for row in result.patches:
-        style = _STYLE.get(row.status, "bold red")
-        status = f"[{style}]{row.status}[/]" + (f" ({row.detail})" if row.detail else "")
-        table.add_row(row.source, row.file or row.id, row.subject, "\n".join(row.files), status)
-    console.print(table)
-    if not result.pinned:
-        console.print(f"[yellow]note:[/] {result.base} is not the pinned vLLM baseline ({result.fingerprint[:19]}…); "
-                      "the stack made here must be ported onto the pin")
-    if result.written:
-        console.print(f"wrote {len(result.written)} patch(es) into {result.patches_dir}")
-    elif result.dry_run and not result.error:
-        console.print("dry run: nothing was written")
-    todo = [row for row in result.patches if row.unfilled]
-    if todo and not result.error:
-        table = Table(title="to do: fields a person must fill in (apply.py check warns until then)",
-                      title_justify="left")
-        table.add_column("patch")
-        table.add_column("fields")
-        for row in todo:
-            table.add_row(row.file, ", ".join(row.unfilled))
-        console.print(table)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import re
 import tempfile
 from email.header import Header
 from pathlib import Path
 
 from rigstack import applier
+from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
 from rigstack.importer.diffs import DIFF_START
@@ -91,11 +91,7 @@ def export_mbox(package: Path, to: Path) -> Path:
     mails = [_mail(number, len(exported), commits[patch.file], patch.header.subject, patch.header_text, patch.file,
                    repo.diff(commits[patch.file] + "^", commits[patch.file], renames=True), repo)
              for number, patch in enumerate(exported, start=1)]
-    to.parent.mkdir(parents=True, exist_ok=True)
-    partial = to.with_name(f".{to.name}.tmp")
-    partial.write_bytes("".join(mails).encode())
-    os.replace(partial, to)
-    return to
+    return write_atomic(to, "".join(mails))
 
 
 def _mail(number: int, total: int, commit: str, subject: str, header_text: str, file: str, diff: str,

@@ -121,7 +121,8 @@ def main(argv: list[str]) -> int:
         mark = f" (fit: {row['fit']})" if row["fit"] else ""
         what = f" ({row['compared']})" if row["compared"] else ""
         own = " (drafter KV apart)" if row["drafter_kv"] == "own" else ""
-        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {'starts' if row['pin_starts'] else 'refused'}"
+        verdict = "starts" if row["pin_starts"] else "refused"
+        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {verdict}"
                if row["drafter_kv"] == "own" else "the same")
         print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
               f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")

@@ -5,10 +5,10 @@ Works on the plan's JSON data, so it runs in the tool's own interpreter (matplot
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from rigstack.atomic import replacing
 
 
 def text(plan: dict[str, Any]) -> str:
@@ -76,10 +76,7 @@ def write_png(plan: dict[str, Any], path: Path) -> Path:
     axes.set_xlabel("pipeline stage")
     axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, scratch = tempfile.mkstemp(dir=path.parent, suffix=".png")
-    os.close(fd)
-    figure.savefig(scratch, dpi=110)
+    with replacing(path) as scratch:
+        figure.savefig(scratch, dpi=110)
     plt.close(figure)
-    os.replace(scratch, path)
     return path

@@ -15,6 +15,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 
@@ -203,8 +204,5 @@ def load(package: Path | None, modules: list[str] | None = None, python: str | N
     if knowledge.error is None and set(knowledge.broken) <= set(knowledge.missing):
         # Only a clean answer is kept (bar dependencies absent from this environment, which a rerun will not
         # conjure up): any other failure may come from the environment and is retried next run.
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, cache)
+        write_atomic(cache, json.dumps(data))
     return knowledge

@@ -107,5 +107,6 @@ def sm8x_fallbacks(ctx: Context) -> Result:
                not (ctx.package / path).is_file()]
     if missing:
         return fail(f"sm_{capability * 10:.0f} needs the SM8x fallbacks, but vllm/{missing[0]} is missing "
-                    f"({len(missing)} of {len(SM8X_FALLBACKS)} files)", f"python apply.py apply --from dir:{ctx.package}")
+                    f"({len(missing)} of {len(SM8X_FALLBACKS)} files)",
+                    f"python apply.py apply --from dir:{ctx.package}")
     return passed(f"SM8x fallbacks present for sm_{capability * 10:.0f}")

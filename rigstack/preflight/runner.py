@@ -1,31 +1,31 @@
-"""Run every registered check on one profile, print the results, and turn them into an exit code."""
+"""Run every registered check on one profile and turn the results into an exit code (rigstack.output.preflight
+renders them)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
-from rich.text import Text
 
 from rigstack.errors import UserError
-from rigstack.preflight import hardware, host, model, package, scale, settings  # noqa: F401 - registers the checks
+# Imported (hardware too) for their side effect: each module registers its checks in CHECKS.
+import rigstack.preflight.host  # noqa: F401
+import rigstack.preflight.model  # noqa: F401
+import rigstack.preflight.package  # noqa: F401
+import rigstack.preflight.scale  # noqa: F401
+import rigstack.preflight.settings  # noqa: F401
+from rigstack.preflight import hardware
 from rigstack.preflight.core import CHECKS, Context, Result, Status, fail
 from rigstack.preflight.knowledge import find_package, search_path
-from rigstack.preflight.nvml import scan
+from rigstack.preflight.nvml import GpuScan, scan
 from rigstack.profiles import (TINY_PREFIX, Profile, list_profiles, load_profile, model_dir, read_yaml, resolve_path,
                                resolved_dict)
 
 EXIT_OK, EXIT_WARN, EXIT_FAIL = 0, 1, 2
-_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
-out = Console(highlight=False, soft_wrap=True)  # results on stdout; rigstack.cli's console is for errors
 
 
 def _package(path: Path | None) -> Path | None:
@@ -73,60 +73,46 @@ def exit_code(results: list[Result], strict: bool) -> int:
     return EXIT_WARN if strict and Status.WARN in statuses else EXIT_OK
 
 
-def _print(profile: Profile, results: list[Result], seconds: float) -> None:
-    width = max(len(result.check) for result in results)
-    for result in results:
-        # Reasons quote profile values and paths: printed as text, never read as markup.
-        out.print(Text.assemble((result.status.value, _STYLE[result.status]), f" {result.check:<{width}}  "
-                                f"{result.reason}"))
-        if result.fix and result.status in (Status.FAIL, Status.WARN):
-            out.print(f"     {'':<{width}}  fix: {result.fix}", markup=False)
-    counts = ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
-    out.print(f"{profile.name}: {counts} ({seconds:.1f} s)", markup=False)
+@dataclass(frozen=True)
+class PreflightReport:
+    profile: Profile
+    results: list[Result]
+    code: int  # EXIT_OK, EXIT_WARN (warnings with --strict) or EXIT_FAIL
+    seconds: float
+
+    def to_json(self) -> dict[str, object]:
+        return {"profile": self.profile.name, "exit_code": self.code,
+                "results": [result.as_json() for result in self.results]}
+
+
+def preflight(profile_name: str, *, model: Path | None = None, package: Path | None = None,
+              python: str | None = None, strict: bool = False) -> PreflightReport:
+    start = time.perf_counter()
+    profile = load_profile(profile_name)
+    results = run_checks(profile, model=model, package=package, python=python)
+    return PreflightReport(profile, results, exit_code(results, strict), time.perf_counter() - start)
 
 
 def run_preflight(profile_name: str, *, model: Path | None = None, package: Path | None = None,
                   python: str | None = None, as_json: bool = False, strict: bool = False) -> int:
-    start = time.perf_counter()
-    profile = load_profile(profile_name)
-    results = run_checks(profile, model=model, package=package, python=python)
-    code = exit_code(results, strict)
-    if as_json:
-        print(json.dumps({"profile": profile.name, "exit_code": code,
-                          "results": [result.as_json() for result in results]}, indent=2))
-    else:
-        _print(profile, results, time.perf_counter() - start)
-    return code
+    """Preflight and its report on the screen, for the launcher and the command; returns the exit code."""
+    from rigstack.output.preflight import print_report
+
+    report = preflight(profile_name, model=model, package=package, python=python, strict=strict)
+    print_report(report, as_json)
+    return report.code
 
 
-def list_fits(as_json: bool = False) -> int:
+def fits() -> tuple[GpuScan, list[tuple[Profile, Result]]]:
     """Every profile, and whether it fits this host's GPUs (like a catalogue of compatible profiles)."""
     gpus = scan()
-    rows = []
-    for name in list_profiles():
-        profile = load_profile(name)
-        rows.append((profile, hardware.fit(profile, gpus)))
-    if as_json:
-        print(json.dumps([{"name": p.name, "gpus": p.gpus_needed, "fits": r.status is Status.PASS,
-                           "reason": r.reason, "description": p.description} for p, r in rows], indent=2))
-        return EXIT_OK
-    host_line = ", ".join(sorted({g.name for g in gpus.gpus})) or gpus.problem or "no GPU"
-    table = Table(title=escape(f"profiles (this host: {len(gpus.gpus)} GPU(s): {host_line})"), title_justify="left")
-    for column in ("profile", "GPUs", "fits", "description"):
-        table.add_column(column)
-    for profile, result in rows:
-        fits = "[green]yes[/]" if result.status is Status.PASS else "[dim]no[/]"
-        table.add_row(Text(profile.name), str(profile.gpus_needed), fits, Text(profile.description))
-    out.print(table)
-    return EXIT_OK
+    return gpus, [(profile, hardware.fit(profile, gpus)) for profile in map(load_profile, list_profiles())]
 
 
-def show(name: str, resolved: bool) -> int:
+def profile_text(name: str, resolved: bool) -> str:
     """The profile file as written, or merged with everything it extends (and validated)."""
     if resolved:
-        out.print(yaml.safe_dump(resolved_dict(load_profile(name)), sort_keys=False), markup=False, end="")
-    else:
-        path = resolve_path(name)
-        read_yaml(path)  # refuses broken YAML with file and line
-        out.print(path.read_text(), markup=False, end="")
-    return EXIT_OK
+        return yaml.safe_dump(resolved_dict(load_profile(name)), sort_keys=False)
+    path = resolve_path(name)
+    read_yaml(path)  # refuses broken YAML with file and line
+    return path.read_text()

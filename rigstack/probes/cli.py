@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Annotated
 
@@ -48,7 +48,7 @@ class Target:
 
 def default_out(kind: str, out: Path | None) -> Path:
     """--out, else a fresh stem in results/ (a timestamp per run, so an earlier result is never overwritten)."""
-    return out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}"
+    return out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
 
 
 def publish(result: Result, out: Path, server: Server, plot: Callable[[Result, Path], None] | None = None) -> None:

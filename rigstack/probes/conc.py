@@ -50,7 +50,7 @@ async def _sample_counter(server: Server, session: httpx.AsyncClient, level: _Le
             return
         try:
             await asyncio.wait_for(stop.wait(), interval_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 

@@ -9,12 +9,11 @@ import csv
 import importlib.util
 import io
 import json
-import os
 import platform
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
-from datetime import datetime, timezone
+from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlparse
@@ -22,6 +21,7 @@ from urllib.parse import urlparse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import rigstack
+from rigstack.atomic import replacing, write_atomic
 from rigstack.client import Endpoint, Server, redact
 from rigstack.errors import UserError
 from rigstack.stamp import read_stamp
@@ -63,7 +63,7 @@ class Result(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     kind: str
-    created: str = Field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    created: str = Field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     provenance: Provenance
     metrics: dict[str, Metric]
     rows: list[dict[str, Any]] = Field(default_factory=list)
@@ -95,13 +95,6 @@ def provenance(server: Server, profile: str | None, package: Path | None, params
                       argv=endpoint.redact(tuple(sys.argv)), params=params)
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
-
-
 def rows_csv(rows: list[dict[str, Any]]) -> str:
     columns: list[str] = []
     for row in rows:
@@ -121,16 +114,13 @@ def redacted(result: Result, secrets: tuple[str, ...]) -> Result:
 def write_result(result: Result, out: Path, plot: Callable[[Result, Path], None] | None = None) -> list[Path]:
     """out is the stem: writes out.json, out.csv (when there are rows) and out.png (when a plot is given)."""
     written = [out.with_suffix(".json")]
-    _atomic_write(written[0], (json.dumps(result.model_dump(mode="json"), indent=2) + "\n").encode())
+    write_atomic(written[0], json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
     if result.rows:
-        written.append(out.with_suffix(".csv"))
-        _atomic_write(written[-1], rows_csv(result.rows).encode())
+        written.append(write_atomic(out.with_suffix(".csv"), rows_csv(result.rows)))
     if plot is not None:
-        png = out.with_suffix(".png")
-        tmp = png.with_name(f".{png.stem}.tmp.png")
-        plot(result, tmp)
-        os.replace(tmp, png)
-        written.append(png)
+        with replacing(out.with_suffix(".png")) as tmp:
+            plot(result, tmp)
+        written.append(out.with_suffix(".png"))
     return written
 
 

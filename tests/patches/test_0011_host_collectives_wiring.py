@@ -5,15 +5,9 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import socket
-
 import pytest
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from testing.net import free_port
 
 
 def _rank(rank: int, port: int, switch: str, queue) -> None:
@@ -41,7 +35,7 @@ def _rank(rank: int, port: int, switch: str, queue) -> None:
 def _run(switch: str) -> list[tuple]:
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_rank, args=(rank, port, switch, queue)) for rank in range(2)]
     for proc in procs:
         proc.start()
@@ -60,6 +54,6 @@ def test_the_switch_routes_tp_collectives_through_host_memory() -> None:
 
 @pytest.mark.upstream_guard
 def test_without_the_switch_the_stock_path_serves() -> None:
-    for rank, kind, _, reduced_ok, gathered_ok in _run("0"):
+    for _rank, kind, _, reduced_ok, gathered_ok in _run("0"):
         assert kind is None
         assert reduced_ok and gathered_ok

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from tests.patches.test_0003_stage_timing import _batch, make_worker  # noqa: F401 (make_worker is a fixture)
+from testing.worker import scheduler_output
 
 ENV = "VLLM_STAGE_TRACE"
 
@@ -31,7 +31,7 @@ def _timer(stage: Any, folder: Path, pp_rank: int) -> Any:
                       trace=trace_writer(str(folder)))
 
 
-def test_worker_steps_are_traced_when_on(make_worker: Any, tmp_path: Path,  # noqa: F811
+def test_worker_steps_are_traced_when_on(make_worker: Any, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm.v1.worker.gpu_worker import Worker
     from vllm.v1.worker.stage_timing import StageTimer
@@ -47,7 +47,7 @@ def test_worker_steps_are_traced_when_on(make_worker: Any, tmp_path: Path,  # no
 
 @pytest.mark.upstream_guard
 @pytest.mark.parametrize("value", [None, "", "0"])
-def test_worker_untouched_when_off(make_worker: Any, monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+def test_worker_untouched_when_off(make_worker: Any, monkeypatch: pytest.MonkeyPatch,
                                    value: str | None) -> None:
     if value is None:
         monkeypatch.delenv(ENV, raising=False)
@@ -58,7 +58,7 @@ def test_worker_untouched_when_off(make_worker: Any, monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("value, message", [("1", "takes the folder"), ("FILE/sub", "cannot create the trace folder")])
-def test_bad_value_fails_at_worker_start_naming_the_switch(make_worker: Any, tmp_path: Path,  # noqa: F811
+def test_bad_value_fails_at_worker_start_naming_the_switch(make_worker: Any, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch, value: str,
                                                            message: str) -> None:
     (tmp_path / "FILE").write_text("a file, not a folder")
@@ -76,8 +76,8 @@ def test_trace_is_one_timeline_event_per_step_per_stage(tmp_path: Path, caplog: 
     first, last = _timer(stage, tmp_path, 0), _timer(stage, tmp_path, 1)
     with caplog.at_level(logging.INFO):
         for tokens in (8, 0, 3):
-            assert first(_batch(tokens)) == tokens
-            assert last(_batch(tokens)) == tokens
+            assert first(scheduler_output(tokens)) == tokens
+            assert last(scheduler_output(tokens)) == tokens
     after_us = time.time() * 1e6
     assert not [r for r in caplog.records if "stage_timing" in r.getMessage()]  # VLLM_STAGE_TIMING is off
 
@@ -104,7 +104,7 @@ def test_timing_and_trace_together_log_and_trace_the_same_steps(tmp_path: Path,
     timer = StageTimer(lambda batch: None, use_cuda_events=False, pp_rank=lambda: 0,
                        trace=trace_writer(str(tmp_path)))
     with caplog.at_level(logging.INFO):
-        timer(_batch(5))
+        timer(scheduler_output(5))
     assert [r.getMessage().split(" ms=")[0] for r in caplog.records if "stage_timing" in r.getMessage()] == [
         "stage_timing pp_rank=0 step=1 tokens=5"]
     (path,) = tmp_path.glob("stage_trace.pp0.*.json")
@@ -127,10 +127,10 @@ def test_cuda_steps_are_placed_on_the_wall_clock(tmp_path: Path) -> None:
                        trace=trace_writer(str(tmp_path)))
     before_us = time.time() * 1e6
     for _ in range(3):
-        timer(_batch(16))
+        timer(scheduler_output(16))
     torch.cuda.synchronize()
     after_us = time.time() * 1e6
-    timer(_batch(0))  # the next step writes the ones that finished meanwhile
+    timer(scheduler_output(0))  # the next step writes the ones that finished meanwhile
     (path,) = tmp_path.glob("stage_trace.pp0.*.json")
     steps = _events(path)[1:]
     assert [e["args"]["step"] for e in steps] == [1, 2, 3]

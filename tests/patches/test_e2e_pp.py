@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures_server import TestServer
+from testing.server import TestServer
 
 pytestmark = pytest.mark.server
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import pytest
 
-from tests.fixtures_server import TestServer
+from testing.server import TestServer
 
 pytestmark = pytest.mark.server
 

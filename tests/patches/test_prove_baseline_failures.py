@@ -15,6 +15,7 @@ import pytest
 from rich.console import Console
 
 from rigstack import patchtests
+from rigstack.output.proofs import print_proof
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT
 
@@ -30,7 +31,7 @@ needs_patched = pytest.mark.skipif(not PATCHED, reason="set RIGSTACK_PATCHED_VLL
                                          "prove the patch tests")
 def test_every_patch_passes_patched_and_fails_pristine() -> None:
     proof = patchtests.prove(load_stack(), Path(PRISTINE), Path(PATCHED))
-    patchtests.print_proof(proof, Console(file=sys.stdout, width=160))
+    print_proof(proof, Console(file=sys.stdout, width=160))
     assert proof.patches
     assert proof.ok, "; ".join(f"{p.patch_id}: {problem}" for p in proof.patches for problem in p.problems)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from pf_support import NO_GPU, assert_status, cmp, context
+from testing.preflight import NO_GPU, assert_status, cmp, context
 
 from rigstack.preflight import hardware, nvml
 from rigstack.preflight.core import Status

@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from pf_support import assert_status, context, profile_at
+from testing.preflight import assert_status, context, profile_at
 
 from rigstack.preflight import host
 from rigstack.preflight.core import Status

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from pf_support import assert_status, context, profile_at
+from testing.preflight import assert_status, context, profile_at
 
 from rigstack.preflight import model
 from rigstack.preflight.core import Status

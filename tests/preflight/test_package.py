@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pf_support import assert_status, context, profile_at
+from testing.preflight import assert_status, context, profile_at
 
 from rigstack.preflight import package
 from rigstack.preflight.core import Status

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from pf_support import free_port
+from testing.net import free_port
 
 from rigstack.preflight.knowledge import find_package
 from rigstack.profiles import list_profiles
@@ -97,7 +97,8 @@ def test_misspelt_key_is_one_line_with_file_and_line(tmp_path: Path) -> None:
     path.write_text("extends: cpu-tiny\nhardware:\n  shm_gb: 1\n")
     done = preflight("--profile", str(path))
     assert done.returncode == 1
-    assert done.stderr.strip() == f"error: {path}:3: hardware.shm_gb: unknown key; did you mean 'shm_gib'?; fix the profile"
+    assert done.stderr.strip() == (f"error: {path}:3: hardware.shm_gb: unknown key; did you mean 'shm_gib'?; "
+                                   "fix the profile")
     assert preflight("show", str(path), "--resolved").returncode == 1
 
 

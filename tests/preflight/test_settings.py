@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from pf_support import assert_status, context, profile_at, vllm_knowledge  # noqa: F401 - a fixture
+from testing.preflight import assert_status, context, profile_at, vllm_knowledge  # noqa: F401 - a fixture
 
 from rigstack.preflight import settings
 from rigstack.preflight.core import Status

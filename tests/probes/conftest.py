@@ -1,4 +1,4 @@
-"""Fixtures for the probe tests (the vLLM server fixtures come from tests.fixtures_server, loaded by the root
+"""Fixtures for the probe tests (the vLLM server fixtures come from testing.server, loaded by the root
 conftest): a small failing HTTP server process."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.fixtures_server import free_port
-from tests.probes.helpers import FAKE_SERVER
+from testing.net import free_port
+from testing.probes import FAKE_SERVER
 
 
 @pytest.fixture

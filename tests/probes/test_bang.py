@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rigstack.client import Reply
 from rigstack.probes.bang import first_difference, flags_of
-from tests.probes.helpers import last_line, run_script
+from testing.probes import last_line, run_script
 
 
 def test_first_difference() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from rigstack.client import parse_prometheus
-from tests.probes.helpers import ROOT, last_line, run_script
+from testing.probes import ROOT, last_line, run_script
 
 DEAD = "http://127.0.0.1:9/v1"  # port 9 (discard) is never served here
 

@@ -9,7 +9,7 @@ import pytest
 from rigstack.errors import UserError
 from rigstack.probes.compare import EXIT_REGRESSION, compare, compare_files, parse_tolerances
 from rigstack.probes.results import write_result
-from tests.probes.helpers import last_line, make_result, run_script
+from testing.probes import last_line, make_result, run_script
 
 BASE = {"c1.aggregate_tok_s": (100.0, "higher"), "c1.ttft_ms_p50": (50.0, "lower"), "items": (11.0, "equal"),
         "c1.failed": (0.0, "lower")}

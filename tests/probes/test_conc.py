@@ -7,7 +7,7 @@ from pathlib import Path
 
 from rigstack.client import Reply
 from rigstack.probes.conc import _Level, _steady_tok_s
-from tests.probes.helpers import last_line, run_script
+from testing.probes import last_line, run_script
 
 
 def test_errors_mid_sweep_are_counted(tmp_path: Path, fake_server) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rigstack.probes import measure
-from tests.probes.helpers import last_line, run_script
+from testing.probes import last_line, run_script
 
 STEP_MS = 5.0
 TOKENS = 40

@@ -6,7 +6,7 @@ import pytest
 
 from rigstack.errors import UserError
 from rigstack.probes.fidelity import gate
-from tests.probes.helpers import make_result
+from testing.probes import make_result
 
 PARAMS = {"max_tokens": 3, "prompt_sha256": ["abc"]}
 

@@ -20,7 +20,7 @@ from rigstack.probes.compare import EXIT_REGRESSION
 from rigstack.probes.fidelity import gate
 from rigstack.probes.results import Result, write_result
 from rigstack.stamp import read_stamp
-from tests.probes.helpers import ROOT, last_line, pristine_site, probe_server, run_script, site_from_env
+from testing.probes import ROOT, last_line, pristine_site, probe_server, run_script, site_from_env
 
 pytestmark = pytest.mark.server
 

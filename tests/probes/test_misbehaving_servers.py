@@ -10,7 +10,7 @@ import pytest
 
 from rigstack.probes.bang import EXIT_CORRUPT
 from rigstack.probes.cli import EXIT_FAILED
-from tests.probes.helpers import last_line, run_script
+from testing.probes import last_line, run_script
 
 RUNS = {  # the cheapest run of each probe that still sends requests
     "bench": ("bench.py", "--workload", "code", "--fixed", "none", "--warmup", "0"),

@@ -11,7 +11,7 @@ import pytest
 
 from rigstack.client import parse_prometheus
 from rigstack.probes.measure import AGREE_WITHIN
-from tests.probes.helpers import last_line, pristine_site, probe_server, run_script
+from testing.probes import last_line, pristine_site, probe_server, run_script
 
 pytestmark = pytest.mark.server
 

@@ -10,7 +10,7 @@ import pytest
 from rigstack.errors import UserError
 from rigstack.probes.results import find_package, load_result, percentiles, rows_csv, write_result
 from rigstack.stamp import Stamp, StampedPatch, write_stamp
-from tests.probes.helpers import make_result
+from testing.probes import make_result
 
 
 def test_find_package(tmp_path: Path) -> None:

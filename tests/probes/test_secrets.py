@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.probes.helpers import last_line, run_script
+from testing.probes import last_line, run_script
 
 KEY = "sk-planted-4f9c2e"
 USER, PASSWORD = "alice", "pw-planted-7d1b"

@@ -9,8 +9,8 @@ import pytest
 
 from rigstack.errors import UserError
 from rigstack.probes.swap import make_plan, verdict
-from tests.fixtures_server import free_port
-from tests.probes.helpers import FAKE_SERVER, last_line, run_script
+from testing.net import free_port
+from testing.probes import FAKE_SERVER, last_line, run_script
 
 
 def test_plan_orders() -> None:

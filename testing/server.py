@@ -1,5 +1,5 @@
 """pytest plugin: tiny models and vLLM CPU servers started through rigstack.launch (register with
-`pytest_plugins = ["tests.fixtures_server"]`).
+`pytest_plugins = ["testing.server"]`).
 
 Fixtures:
     tiny_model (session) -> Path: the dense tiny model folder (rigstack.tinymodel.build_tiny_model("dense")).
@@ -18,7 +18,6 @@ Use `@pytest.mark.server` on tests that take these servers.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +29,7 @@ import pytest
 
 from rigstack import launch
 from rigstack.tinymodel import SERVED_NAME, build_tiny_model
+from testing.net import free_port
 
 MAX_ALIVE = int(os.environ.get("RIGSTACK_TEST_MAX_SERVERS", "1"))
 BOOT_TIMEOUT_S = 900.0  # a 2-core CI box shared with other jobs can take minutes to compile
@@ -55,12 +55,6 @@ class TestServer:
 
     def chat(self, messages: list[dict[str, Any]], **params: Any) -> dict[str, Any]:
         return self._post("/v1/chat/completions", {"messages": messages, "temperature": 0, **params})
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def server_env(work: Path, vllm_cache: Path | None = None) -> dict[str, str]:

@@ -4,7 +4,6 @@ flag/env knowledge learned once per session from the real vllm package of the te
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -49,12 +48,6 @@ def assert_status(result: Result, status: Status, *words: str) -> None:
     assert result.status is status, result
     for word in words:
         assert word in result.reason, result
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from rigstack.probes.results import Metric, Provenance, Result
 
-ROOT = Path(__file__).resolve().parents[2]
-FAKE_SERVER = Path(__file__).with_name("fake_server.py")
+ROOT = Path(__file__).resolve().parents[1]
+FAKE_SERVER = ROOT / "tests" / "probes" / "fake_server.py"
 
 
 def run_script(name: str, *args: str, cwd: Path | None = None, env: dict[str, str] | None = None,

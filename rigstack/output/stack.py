@@ -1,9 +1,7 @@
-"""How results look to a person: rich tables on stderr; machine-readable JSON goes to stdout instead."""
+"""apply's and status's results for a person: rich tables on stderr (their JSON goes to stdout instead)."""
 
 from __future__ import annotations
 
-import json
-import sys
 
 from rich.console import Console
 from rich.markup import escape
@@ -13,10 +11,6 @@ from rich.text import Text
 from rigstack.applier import StackResult
 
 _STYLE = {"applied": "green", "offset": "yellow", "already-applied": "cyan", "not-reached": "dim"}
-
-
-def print_json(data: object) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def print_stack_result(result: StackResult, console: Console) -> None:

@@ -1,0 +1,7 @@
+"""`python -m rigstack ...` is the `rigstack` command."""
+
+import sys
+
+from rigstack.main import main
+
+sys.exit(main())

@@ -1,0 +1,42 @@
+"""Writes that a reader (or a crash) never sees half done: a temporary file beside the target, then os.replace."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def _temp_name(path: Path, writer: str) -> str:
+    return f".{path.stem}.{writer}.tmp{path.suffix}"
+
+
+def temp_beside(path: Path) -> Path:
+    """A name in the same folder (so os.replace stays on one file system and is atomic), hidden, unique per process
+    (two writers of one cache file never share it), keeping the suffix (matplotlib picks the format from it)."""
+    return path.with_name(_temp_name(path, str(os.getpid())))
+
+
+def temp_glob(path: Path) -> str:
+    """The glob matching every writer's temporary name for `path`: what git must not see as a user's file."""
+    return _temp_name(path, "*")
+
+
+@contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """Yield a temporary path to write; it replaces `path` when the block ends normally and is removed otherwise."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_beside(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def write_atomic(path: Path, data: str | bytes) -> Path:
+    """Write all of `data` to `path` or, on any failure, leave `path` as it was."""
+    with replacing(path) as tmp:
+        tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path

@@ -1,0 +1,28 @@
+"""bench.py: single-stream decode by workload (code, json, counting, math, prose): tok/s, TTFT, ms per step and
+speculative acceptance. Greedy, fixed output length. Add --debug anywhere for tracebacks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
+from rigstack.probes import bench
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
+         timeout: Timeout = 600.0,
+         workload: Annotated[list[str], typer.Option(help="repeat for several")] = ["code", "json", "counting",
+                                                                                  "math", "prose"],
+         max_tokens: Annotated[int, typer.Option(help="tokens per answer (pinned)")] = 256,
+         fixed: Annotated[str, typer.Option(help="auto | ignore_eos | min_tokens | none")] = "auto",
+         repeats: Annotated[int, typer.Option(help="passes over each prompt set")] = 1,
+         warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
+         out: Out = None) -> int:
+    return bench.main(Target(url, model, api_key_env, profile, package, timeout), workload, max_tokens, fixed,
+                      repeats, warmup, out)
+

