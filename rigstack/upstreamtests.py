@@ -386,7 +386,9 @@ def run_upstream_tests(pins: Pins, stack: Stack, pristine: Path, patched: Path,
         files = sorted({file for coverage in coverages for file in coverage.files})
         if not files:
             raise UserError("no upstream test file covers a module the stack touches; nothing to run")
-        setup = pytest_setup(root, Path(tmp), install_test_deps(root))
+        # --all: one pytest process per folder, so that a test which aborts the interpreter costs one folder's
+        # rerun file by file, not the whole run's (the processes' imports cost minutes more, which CI cannot spend).
+        setup = pytest_setup(root, Path(tmp), install_test_deps(root), by_folder=per_module is None)
         # Two processes on two cores: the runs are independent.
         try:
             with ThreadPoolExecutor(max_workers=2) as pool:
@@ -402,7 +404,7 @@ def run_upstream_tests(pins: Pins, stack: Stack, pristine: Path, patched: Path,
                   total=compare(everything, pristine_run, patched_run), shm_removed=removed)
 
 
-def pytest_setup(root: Path, scratch: Path, deps: Path) -> PytestSetup:
+def pytest_setup(root: Path, scratch: Path, deps: Path, by_folder: bool = False) -> PytestSetup:
     """How both runs call pytest on the extracted tree at `root`; `scratch` holds the hub stand-ins and the note of
     the /dev/shm files the runs create (see remove_created_shm_files), `deps` is install_test_deps' folder."""
     return PytestSetup(cwd=root, args=("--timeout", str(TIMEOUT_S), "-p", "torchvision_stub"),
@@ -410,7 +412,7 @@ def pytest_setup(root: Path, scratch: Path, deps: Path) -> PytestSetup:
                        env=(("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
                             ("VLLM_MODEL_REDIRECT_PATH", str(hub_stand_ins(scratch))),
                             (sitecustomize.SHM_LOG, str(scratch / SHM_NOTE))),
-                       by_folder=False)
+                       by_folder=by_folder, split_on_crash=True)
 
 
 def remove_created_shm_files(scratch: Path) -> tuple[str, ...]:

@@ -229,6 +229,22 @@ def test_the_runs_import_torchvision_users_and_lose_only_their_own_shm_files(tmp
         theirs.unlink()
 
 
+@pytest.mark.skipif(not os.environ.get("RIGSTACK_PATCHED_VLLM"), reason="set RIGSTACK_PATCHED_VLLM to a vllm package "
+                                                                        "folder (CI does)")
+def test_a_test_that_aborts_pytest_costs_its_file_only(tmp_path: Path) -> None:
+    package = Path(os.environ["RIGSTACK_PATCHED_VLLM"]).resolve()
+    root = _tree(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/__init__.py": "",
+                            "tests/test_fine.py": "def test_fine():\n    pass\n",
+                            "tests/test_dies.py": "import os\n\ndef test_dies():\n    os.abort()\n"})
+    setup = PytestSetup(cwd=root, by_folder=False, split_on_crash=True)
+    run = patchtests.run_tests(package, ["tests/test_fine.py", "tests/test_dies.py"], "", setup)
+    assert run.outcomes == {"tests/test_fine.py::test_fine": PASSED}
+    assert run.broken_files == {"tests/test_dies.py"}
+    assert run.reasons["tests/test_dies.py"] == "pytest died of SIGABRT in test_dies (tests/test_dies.py:4)"
+    with pytest.raises(UserError, match="pytest wrote no report"):  # where nothing asked for the split
+        patchtests.run_tests(package, ["tests/test_dies.py"], "", dataclasses.replace(setup, split_on_crash=False))
+
+
 def test_cli_names_a_folder_that_is_not_a_package_before_any_slow_step(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "scripts/upstream_tests.py", "--pristine", str(tmp_path),
                            "--patched", str(tmp_path), "--out", str(tmp_path / "out.json")],

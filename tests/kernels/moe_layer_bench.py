@@ -143,7 +143,10 @@ def moe(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, gates: torch.Ten
     """A plain torch MoE for one token: sum over picks k of gates[k] * down_k(silu(gate_k x) * up_k x), expert k's
     fp8 weights being rows[ids[k]]. An id of -1 (a miss with no staging slot) contributes nothing, as in vLLM."""
     valid = ids >= 0
-    w = rows.index_select(0, torch.where(valid, ids, 0).long()).view(torch.float8_e4m3fn)
+    # The rows picked, copied as 8-byte words where the row allows: as bytes, index_select's speed depends on
+    # whether the source passes 2**31 elements (32- or 64-bit indexing), which a cache's size then decides.
+    wide = rows.view(torch.int64) if rows.shape[1] % 8 == 0 else rows
+    w = wide.index_select(0, torch.where(valid, ids, 0).long()).view(torch.uint8).view(torch.float8_e4m3fn)
     gate_up = w[:, :2 * inter * hidden].view(-1, 2 * inter, hidden).to(x.dtype)
     down = w[:, 2 * inter * hidden:3 * inter * hidden].view(-1, hidden, inter).to(x.dtype)
     h = torch.bmm(gate_up, x.expand(ids.numel(), hidden).unsqueeze(2)).squeeze(2)  # [k, 2 * inter]
