@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -81,6 +82,9 @@ class PytestSetup:
     path: tuple[Path, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     by_folder: bool = True  # one pytest process per test folder (see run_tests)
+    # A pytest process killed by a signal (a test that aborts the interpreter) writes no report: rerun its files one
+    # by one and count the file that dies as broken, with the signal and the test as the reason, instead of failing.
+    split_on_crash: bool = False
 
 
 def patch_test_files(stack: Stack, only: tuple[str, ...] = ()) -> dict[str, tuple[str, ...]]:
@@ -142,10 +146,29 @@ def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, st
                                "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}",
                                *setup.args, *files],
                               env=env, cwd=setup.cwd, capture_output=True, text=True)
+        if not report.is_file() and done.returncode < 0 and setup.split_on_crash:
+            if len(files) > 1:
+                runs = [_run_pytest(package, [name], markers, env, setup) for name in files]
+                return SuiteRun(outcomes={k: v for run in runs for k, v in run.outcomes.items()},
+                                guards=frozenset().union(*(run.guards for run in runs)),
+                                broken_files=frozenset().union(*(run.broken_files for run in runs)),
+                                reasons={k: v for run in runs for k, v in run.reasons.items()})
+            return SuiteRun(outcomes={}, guards=frozenset(), broken_files=frozenset(files),
+                            reasons={files[0]: _crash_reason(done.returncode, done.stdout + done.stderr)})
         if not report.is_file():
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
             raise UserError(f"pytest wrote no report for {package} (exit {done.returncode}): {' | '.join(tail)}")
         return parse_junit(report.read_text(), files)
+
+
+def _crash_reason(returncode: int, output: str) -> str:
+    """'pytest died of SIGABRT in test_x (tests/y.py:12)': faulthandler's innermost frame in a test file."""
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
+    frames = re.findall(r'File "[^"]*/(tests/[^"]+\.py)", line (\d+) in (\w+)', output)
+    return f"pytest died of {name}" + (f" in {frames[0][2]} ({frames[0][0]}:{frames[0][1]})" if frames else "")
 
 
 def parse_junit(xml: str, files: list[str]) -> SuiteRun:

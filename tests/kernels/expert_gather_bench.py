@@ -7,8 +7,9 @@ random set of experts, so the L2 never holds a step's bytes) and replayed, in on
 - contiguous: a copy-engine copy of the same number of bytes from one contiguous pinned range (the denominator);
 - per-expert copies: one copy-engine copy per missed expert (needs the ids on the CPU: a sync per step in a server);
 - index_select on the zero-copy view of the host buffer (ids on the GPU);
-- the Triton gather of patch 0013 (ids and count on the GPU), over a sweep of its tile shapes, a TMA variant and
-  one whose loads carry the L2::256B prefetch-size hint.
+- the Triton gather of patch 0013 (ids and count on the GPU), over a sweep of its tile shapes, a TMA variant,
+  one whose loads carry the L2::256B prefetch-size hint, and ones whose programs bulk-prefetch their next tile into
+  L2 through the TMA unit (cp.async.bulk.prefetch.L2) while copying the current one.
 It prints GB/s and each one's fraction of contiguous. Torch and Triton only; the kernel module is read from the
 patch stack (tests/kernels/sm8x_load.py), so no vLLM is needed. `scripts/bench_expert_gather.py` is its command.
 """
@@ -78,6 +79,43 @@ def _gather_l2hint_kernel(src_ptr, dst_ptr, list_ptr, count_ptr, row_elems, n_sl
             tl.store(dst + v + 3, d, mask=m)
 
 
+@triton.jit
+def _bulk_prefetch(src_ptr, list_ptr, t, chunks, row_elems, CHUNK: tl.constexpr):
+    # One thread asks the TMA unit to pull tile t's bytes into L2 (cp.async.bulk.prefetch.L2): a bulk read of host
+    # memory, which might travel in larger PCIe reads than the SMs' 128-byte lines.
+    base = (t % chunks).to(tl.int64) * CHUNK
+    src = src_ptr + tl.load(list_ptr + t // chunks).to(tl.int64) * row_elems + base
+    nbytes = (tl.minimum(row_elems - base, CHUNK) * 4).to(tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 i; mov.u32 i, %tid.x; setp.eq.u32 p, i, 0; "
+        "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [src + tl.zeros([1], tl.int64), tl.zeros([1], tl.int32) + nbytes], dtype=tl.int32,
+        is_pure=False, pack=1)
+
+
+@triton.jit
+def _gather_prefetch_kernel(src_ptr, dst_ptr, list_ptr, count_ptr, row_elems, n_slots, CHUNK: tl.constexpr,
+                            BLOCK: tl.constexpr):
+    # The module's persistent tiles, each program prefetching its next tile into L2 while it copies this one.
+    pid = tl.program_id(0)
+    n_prog = tl.num_programs(0)
+    chunks = tl.cdiv(row_elems, CHUNK)
+    n_tiles = tl.minimum(tl.load(count_ptr), n_slots) * chunks
+    if pid < n_tiles:
+        _bulk_prefetch(src_ptr, list_ptr, pid, chunks, row_elems, CHUNK)
+    for t in range(pid, n_tiles, n_prog):
+        if t + n_prog < n_tiles:
+            _bulk_prefetch(src_ptr, list_ptr, t + n_prog, chunks, row_elems, CHUNK)
+        s = t // chunks
+        base = (t % chunks).to(tl.int64) * CHUNK
+        src = src_ptr + tl.load(list_ptr + s).to(tl.int64) * row_elems + base
+        dst = dst_ptr + s.to(tl.int64) * row_elems + base
+        for off in range(0, CHUNK, BLOCK):
+            idx = off + tl.arange(0, BLOCK)
+            m = base + idx < row_elems
+            tl.store(dst + idx, tl.load(src + idx, mask=m, cache_modifier=".cg"), mask=m, cache_modifier=".cs")
+
+
 def _gbps(graph: torch.cuda.CUDAGraph, nbytes: int, reps: int) -> float:
     """Median GB/s of ``reps`` timed replays (after one warm-up replay)."""
     graph.replay()
@@ -145,6 +183,9 @@ def _steps(ko, host: torch.Tensor, view: torch.Tensor, dst: torch.Tensor, lists:
             s_rows, d_rows, d_lists[i], d_counts[i], s_rows.shape[1], STAGING, CHUNK=1 << 18, VECS=2048,
             num_warps=8),
     }
+    for chunk in (1 << 14, 1 << 15):  # 64 and 128 KiB tiles: 2 programs an SM keep 17-34 MB of L2 in flight
+        steps[f"triton bulk-prefetch-L2 c{chunk}"] = lambda i, c=chunk: _gather_prefetch_kernel[(sms * 2,)](
+            s_rows, d_rows, d_lists[i], d_counts[i], s_rows.shape[1], STAGING, CHUNK=c, BLOCK=4096, num_warps=8)
     for block, chunk, warps, per_sm, stages in sweep:
         steps[f"triton b{block} c{chunk} w{warps} p{per_sm}/SM s{stages}"] = (
             lambda i, b=block, c=chunk, w=warps, ps=per_sm, st=stages: ko.gather_misses(

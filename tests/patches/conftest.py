@@ -9,39 +9,13 @@ from typing import Any
 
 import pytest
 
+from rigstack.upstream_site.torchvision_stub import stub_missing_torchvision
 from testing.net import free_port
 
 STAGE_TIMING = "VLLM_STAGE_TIMING"
 
-
-def _stub_missing_torchvision() -> None:
-    """glm5next imports GLM-4V's image processor, whose module imports
-    torchvision at the top; PyPI has no CPU torchvision for the test venv's
-    torch. Images are never processed here, so an empty module satisfies the
-    import (transformers has already cached torchvision as unavailable)."""
-    import importlib.util
-    import sys
-    import types
-
-    from transformers.utils import import_utils
-
-    if (
-        "torchvision" in sys.modules
-        or import_utils.is_torchvision_available()
-        or importlib.util.find_spec("torchvision")
-    ):
-        return
-    for name in (
-        "torchvision",
-        "torchvision.transforms",
-        "torchvision.transforms.v2",
-        "torchvision.transforms.v2.functional",
-    ):
-        sys.modules[name] = types.ModuleType(name)
-
-
 # Before any patch test imports glm5next.
-_stub_missing_torchvision()
+stub_missing_torchvision()
 
 GUARD = "upstream_guard"
 
