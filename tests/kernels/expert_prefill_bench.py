@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import statistics
 import time
-
-import torch
+from collections.abc import Callable
 
 import sm8x_load
+import torch
 
 N_EXPERTS, TOP_K, CACHE, STAGING = 288, 8, 66, 64
 HIDDEN, INTER = 2048, 1024
@@ -39,6 +39,23 @@ def moe(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, ids: torch.Tensor,
         gate, up = h.chunk(2, dim=-1)
         pairs[rows] = ((torch.nn.functional.silu(gate) * up) @ w2[s].T).float() * weights[rows, None]
     return pairs.view(t, k, -1).sum(1).to(x.dtype)
+
+
+def _variant(name: str, layers: dict, resident: tuple[torch.Tensor, torch.Tensor], x: torch.Tensor,
+             ids: torch.Tensor, w: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """One timed variant as a call: all resident, grouped or masked prefill, or the direct host reads."""
+    if name == "resident":
+        return lambda: moe(x, *resident, ids, w)
+    layer, params = layers[name == "masked"]
+
+    def apply(i: torch.Tensor, ww: torch.Tensor, first: bool) -> torch.Tensor:
+        return moe(x, params["w13"].data, params["w2"].data, i, ww)
+
+    def direct() -> torch.Tensor:
+        with layer._on_host():
+            return apply(ids, w, True)
+
+    return direct if name == "direct" else lambda: layer._grouped(ids, w, apply)
 
 
 def run(sizes: list[int], rounds: int) -> int:
@@ -68,26 +85,14 @@ def run(sizes: list[int], rounds: int) -> int:
         w = torch.rand(n, TOP_K, generator=gen).to(dev)
         w = w / w.sum(-1, keepdim=True)
 
-        def variant(name: str):
-            if name == "resident":
-                return lambda: moe(x, *resident, ids, w)
-            layer, params = layers[name == "masked"]
-            apply = lambda i, ww, first: moe(x, params["w13"].data, params["w2"].data, i, ww)  # noqa: E731
-            if name == "direct":
-                def direct() -> torch.Tensor:
-                    with layer._on_host():
-                        return apply(ids, w, True)
-                return direct
-            return lambda: layer._grouped(ids, w, apply)
-
         names = ["resident", "grouped", "masked"] + (["direct"] if n <= 48 else [])
         times: dict[str, list[float]] = {name: [] for name in names}
         outs = {}
         for name in names:  # warm-up, and the outputs compared
-            outs[name] = variant(name)()
+            outs[name] = _variant(name, layers, resident, x, ids, w)()
         for _ in range(rounds):
             for name in names:
-                fn = variant(name)
+                fn = _variant(name, layers, resident, x, ids, w)
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 fn()
@@ -99,7 +104,7 @@ def run(sizes: list[int], rounds: int) -> int:
         direct = f"{med['direct']:10.2f}" if "direct" in med else f"{'-':>10}"
         distinct = torch.unique(ids).numel()
         print(f"{n:7d} {med['resident']:12.2f} {med['grouped']:11.2f} {med['masked']:10.2f} {direct} "
-              f"{distinct:9d} {str(equal):>16} {diff:23.3g}")
+              f"{distinct:9d} {equal!s:>16} {diff:23.3g}")
         if "direct" in outs:
             print(f"{'':7} direct == resident: {torch.equal(outs['direct'], outs['resident'])}")
     return 0
