@@ -55,3 +55,14 @@ def test_the_hot_set_file_is_what_the_patch_reads(tmp_path: Path) -> None:
     assert data == {"format": "rigstack-hot-experts/1", "model": MODEL, "cache": 2,
                     "layers": {"layers.0": [0, 1], "layers.1": [7, 6]}}
     assert [p.name for p in out.parent.iterdir()] == ["hot.json"]  # no temporary file left
+
+
+def test_the_offload_profile_serves_with_the_hot_set_cache_not_cpu_offload() -> None:
+    from rigstack.profiles import load_profile
+    from rigstack.render import serve_command
+
+    command = serve_command(load_profile("rtxpro6000-1x-offload"), model=Path("/m"))
+    assert command.env["VLLM_EXPERT_OFFLOAD"] == "/data/models/GLM-5.3-Flash-NVFP4.hot-experts.json"
+    assert command.env["VLLM_EXPERT_OFFLOAD_CACHE"] == "54"
+    assert command.env["VLLM_EXPERT_OFFLOAD_GROUPED_MIN_TOKENS"] == "48"
+    assert not any("cpu-offload" in arg for arg in command.argv)
