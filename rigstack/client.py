@@ -338,6 +338,22 @@ class Server:
         except Malformed:
             return None
 
+    def collective_rpc(self, method: str, *args: str, timeout_s: float | None = None) -> list[Any]:
+        """Every worker's answer to `method` through vLLM's dev endpoint (served with VLLM_SERVER_DEV_MODE=1)."""
+        where = f"{self.endpoint.base}/collective_rpc"
+        status, body = self._fetch("POST", "/collective_rpc", timeout_s, json={"method": method, "args": list(args)})
+        if status == 404:
+            raise UserError(f"{where} is not served; start the server with VLLM_SERVER_DEV_MODE=1")
+        if status != 200:
+            raise UserError(f"{where}: {method} failed: {self.endpoint.redact(_error_text(status, body))}")
+        try:
+            results = _json_object(body, "the answer").get("results")
+        except Malformed as error:
+            raise UserError(f"{where}: {self.endpoint.redact(str(error))}") from None
+        if not isinstance(results, list):
+            raise UserError(f"{where}: the answer has no \"results\" list")
+        return results
+
     def version(self) -> str | None:
         version = (self._optional_json("GET", "/version") or {}).get("version")
         return self.endpoint.redact(version) if isinstance(version, str) else None

@@ -171,6 +171,7 @@ class Offload(_Frozen):
     host_gib: float  # expert weights kept in host RAM
     hot_experts_per_layer: int | None = None  # seed 000: 54 as shipped, 66 at peak; for the offload patch
     grouped_prefill_min_tokens: int | None = None  # seed 000: prefill in groups of 64 experts from 48 tokens
+    hot_set: str | None = None  # the hot-set file (scripts/expert_trace.py writes it); set: patch 0014's offload
 
 
 class PlannerHints(_Frozen):

@@ -95,6 +95,13 @@ def profile_env(profile: Profile) -> dict[str, str]:
     env = dict(profile.env)
     if profile.partition_env:
         env["VLLM_PP_LAYER_PARTITION"] = profile.partition_env
+    offload = profile.offload
+    if offload is not None and offload.hot_set is not None:  # patch 0014's per-layer hot-expert cache
+        env["VLLM_EXPERT_OFFLOAD"] = offload.hot_set
+        if offload.hot_experts_per_layer is not None:
+            env["VLLM_EXPERT_OFFLOAD_CACHE"] = str(offload.hot_experts_per_layer)
+        if offload.grouped_prefill_min_tokens is not None:
+            env["VLLM_EXPERT_OFFLOAD_GROUPED_MIN_TOKENS"] = str(offload.grouped_prefill_min_tokens)
     return env
 
 

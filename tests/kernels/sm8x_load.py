@@ -151,6 +151,13 @@ def load_module(path: str, interpret: bool = False) -> types.ModuleType:
     return getattr(_import_private(name, {name: source(path)}, interpret), name)
 
 
+def load_expert_offload(interpret: bool = False) -> types.SimpleNamespace:
+    """Import patch 0014's expert offload module with 0013's kernels beside it (its one relative import)."""
+    names = ("expert_offload_kernels", "expert_offload")
+    sources = {name: source(f"vllm/model_executor/layers/fused_moe/{name}.py") for name in names}
+    return _import_private("expert_offload", sources, interpret)
+
+
 def _import_private(prefix: str, sources: dict[str, str], interpret: bool) -> types.SimpleNamespace:
     """Write the sources into a private package (named by their hash) on sys.path and import them from there."""
     digest = hashlib.sha256(repr(sorted(sources.items())).encode()).hexdigest()[:12]

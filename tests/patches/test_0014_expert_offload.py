@@ -1,0 +1,201 @@
+"""Patch 0014: expert offload wired into vLLM's MoE layer (per-layer hot-expert cache, grouped and masked prefill,
+pick counting). On CPU with vLLM's own CPU MoE kernel over prepacked weights: the offloaded layer against the same
+layer with every expert resident, and the checks that turn bad settings and hot-set files into clear errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+E, H, I, K = 8, 256, 128, 2  # the tiny MoE model's layer: 8 experts, top-2
+HOT = [5, 1, 7, 0, 2]  # hottest first
+ISA = "vec"
+
+
+@pytest.fixture(scope="module")
+def eo():
+    from vllm.model_executor.layers.fused_moe import expert_offload
+
+    return expert_offload
+
+
+@pytest.fixture(scope="module")
+def weights() -> tuple[torch.Tensor, torch.Tensor]:
+    from vllm import _custom_ops as ops
+
+    gen = torch.Generator().manual_seed(0)
+    w13 = (torch.randn(E, 2 * I, H, generator=gen) * 0.1).bfloat16()
+    w2 = (torch.randn(E, H, I, generator=gen) * 0.1).bfloat16()
+    return ops.cpu_prepack_moe_weight(w13, ISA), ops.cpu_prepack_moe_weight(w2, ISA)
+
+
+def _kernel(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, calls: list[torch.Tensor] | None = None):
+    """vLLM's CPU fused MoE over whatever tensors w13/w2 hold when it is called (the layer's parameters)."""
+    from vllm import _custom_ops as ops
+
+    def apply(ids: torch.Tensor, w: torch.Tensor, first: bool) -> torch.Tensor:
+        if calls is not None:
+            calls.append(ids.clone())
+        out = torch.empty(x.shape[0], H, dtype=torch.bfloat16)
+        ops.cpu_fused_moe(out, x, w13.data, w2.data, None, None, w.contiguous(), ids.contiguous(), "silu", ISA)
+        return out
+    return apply
+
+
+def _route(n_tokens: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_tokens, H, generator=gen).bfloat16()
+    w, ids = torch.topk(torch.randn(n_tokens, E, generator=gen).softmax(-1), K)
+    return x, (w / w.sum(-1, keepdim=True)).float(), ids.int()
+
+
+def _layer(eo, weights, cache: int = 3, staging: int = 2, grouped: int = 8, masked: bool = False):
+    params = {name: torch.nn.Parameter(t.clone(), requires_grad=False) for name, t in zip(("w13", "w2"), weights)}
+    layer = eo.LayerOffload(params, HOT, cache, staging, torch.device("cpu"), grouped, masked, "layers.0")
+    return layer, params
+
+
+def _resident(weights, x, w, ids) -> torch.Tensor:
+    return _kernel(x, *weights)(ids, w, True)
+
+
+def test_decode_steps_run_on_cache_and_staging_bit_for_bit(eo, weights) -> None:
+    layer, params = _layer(eo, weights)
+    assert params["w13"].shape[0] == 3 + 2  # the parameter itself is now [cache | staging]
+    assert torch.equal(layer.host["w13"], weights[0])  # every expert in host memory
+    for seed in range(6):
+        x, w, ids = _route(1, seed)
+        calls: list[torch.Tensor] = []
+        out = layer.forward(ids, w, _kernel(x, params["w13"], params["w2"], calls))
+        assert layer.path(1, K) == "staged" and len(calls) == 1
+        assert int(calls[0].max()) < 5  # remapped into [cache | staging]
+        assert torch.equal(out, _resident(weights, x, w, ids))
+
+
+def test_short_prompt_past_the_staging_size_reads_the_host_copy(eo, weights) -> None:
+    layer, params = _layer(eo, weights)
+    x, w, ids = _route(4, 7)
+    assert layer.path(4, K) == "direct"
+    assert torch.equal(layer.forward(ids, w, _kernel(x, params["w13"], params["w2"])), _resident(weights, x, w, ids))
+    assert params["w13"].data.data_ptr() == layer.buf["w13"].data_ptr()  # back on the buffers afterwards
+
+
+@pytest.mark.parametrize("n_tokens", [8, 40])
+def test_grouped_and_masked_prefill_agree_bit_for_bit_and_with_the_resident_layer(eo, weights, n_tokens) -> None:
+    x, w, ids = _route(n_tokens, n_tokens)
+    resident = _resident(weights, x, w, ids)
+    outs, passes = {}, {}
+    for masked in (False, True):
+        layer, params = _layer(eo, weights, masked=masked)
+        assert layer.path(n_tokens, K) == "grouped" and layer.n_groups == 3  # 5 offloaded experts, 2 a group
+        calls: list[torch.Tensor] = []
+        outs[masked] = layer.forward(ids, w, _kernel(x, params["w13"], params["w2"], calls))
+        passes[masked] = len(calls)
+    assert passes == {False: 4, True: 4}  # the cache hits, then one pass a group
+    assert torch.equal(outs[False], outs[True])
+    # Partial outputs summed over passes round differently from one kernel call: within bf16 rounding.
+    torch.testing.assert_close(outs[False].float(), resident.float(), atol=0.05, rtol=0.02)
+
+
+def test_masked_prefill_gathers_only_the_experts_the_step_picks(eo, weights) -> None:
+    x, w, ids = _route(8, 3)
+    ids[:] = torch.tensor([5, 4], dtype=torch.int32)  # one cached, one offloaded expert (4, in group 1)
+    layer, params = _layer(eo, weights, masked=True)
+    layer.buf["w13"][3:].zero_()
+    layer.forward(ids, w, _kernel(x, params["w13"], params["w2"]))
+    assert torch.equal(layer.buf["w13"][3], weights[0][4])  # packed to the first staging slot
+    assert not layer.buf["w13"][4].any()  # nothing else was copied
+
+
+def test_counter_adds_picks_on_the_device_and_skips_padding(eo) -> None:
+    counter = eo.ExpertCounter(E)
+    counter.add(torch.tensor([[1, 2], [2, 7]], dtype=torch.int32))
+    counter.add(torch.tensor([[2, -1]], dtype=torch.int32))
+    assert counter.counts.tolist() == [0, 1, 3, 0, 0, 0, 0, 1]
+
+
+def _settings(eo, monkeypatch, **env: str):
+    for name in ("VLLM_EXPERT_OFFLOAD_CACHE", "VLLM_EXPERT_OFFLOAD_BUDGET_GIB"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_EXPERT_OFFLOAD", "/nonexistent/hot.json")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return eo.settings_from_env()
+
+
+def test_offload_is_off_without_its_switch(eo, monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_EXPERT_OFFLOAD", raising=False)
+    assert eo.settings_from_env() is None
+
+
+def test_a_cache_of_zero_is_refused(eo, monkeypatch) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match="VLLM_EXPERT_OFFLOAD_CACHE=0: a cache of zero experts"):
+        _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="0")
+
+
+def test_cache_needs_exactly_one_of_count_and_budget(eo, monkeypatch) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match="exactly one of"):
+        _settings(eo, monkeypatch)
+    with pytest.raises(eo.ExpertOffloadError, match="exactly one of"):
+        _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
+
+
+def test_a_budget_larger_than_the_layer_is_refused(eo, monkeypatch) -> None:
+    settings = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
+    with pytest.raises(eo.ExpertOffloadError, match="holds the whole layer of 8"):
+        eo.cache_size(settings, n_experts=E, n_layers=4, expert_bytes=1 << 20)
+    count = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="8")
+    with pytest.raises(eo.ExpertOffloadError, match="VLLM_EXPERT_OFFLOAD_CACHE=8: a cache of 8 experts holds"):
+        eo.cache_size(count, n_experts=E, n_layers=4, expert_bytes=1 << 20)
+    assert eo.cache_size(_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="0.01"), E, 4, 1 << 20) == 2
+
+
+LAYERS = {f"model.layers.{i}.mlp.experts": E for i in range(4)}
+
+
+def _hot_file(tmp_path: Path, eo, **change) -> Path:
+    data = {"format": eo.HOT_SET_FORMAT, "model": eo.fingerprint("Qwen3MoeForCausalLM", LAYERS, 256),
+            "layers": {name: HOT for name in LAYERS}}
+    data.update(change)
+    path = tmp_path / "hot.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_hot_set_file_of_this_model_loads(eo, tmp_path) -> None:
+    want = eo.fingerprint("Qwen3MoeForCausalLM", LAYERS, 256)
+    assert eo.load_hot_sets(_hot_file(tmp_path, eo), want, LAYERS) == {name: HOT for name in LAYERS}
+
+
+def test_hot_set_file_for_another_model_is_refused(eo, tmp_path) -> None:
+    other = eo.fingerprint("Glm5NextForCausalLM", LAYERS, 256)
+    path = _hot_file(tmp_path, eo, model=other)
+    with pytest.raises(eo.ExpertOffloadError, match="for another model .architecture 'Glm5NextForCausalLM'"):
+        eo.load_hot_sets(path, eo.fingerprint("Qwen3MoeForCausalLM", LAYERS, 256), LAYERS)
+
+
+def test_hot_set_file_with_another_layer_count_is_refused(eo, tmp_path) -> None:
+    fewer = dict(list(LAYERS.items())[:3])
+    path = _hot_file(tmp_path, eo, model=eo.fingerprint("Qwen3MoeForCausalLM", fewer, 256),
+                     layers={name: HOT for name in fewer})
+    with pytest.raises(eo.ExpertOffloadError, match="moe_layers 3, this model has 4"):
+        eo.load_hot_sets(path, eo.fingerprint("Qwen3MoeForCausalLM", LAYERS, 256), LAYERS)
+
+
+def test_hot_set_with_ids_outside_the_layer_is_refused(eo, tmp_path) -> None:
+    path = _hot_file(tmp_path, eo, layers={name: [9, 1] for name in LAYERS})
+    with pytest.raises(eo.ExpertOffloadError, match=r"distinct expert ids in \[0, 8\)"):
+        eo.load_hot_sets(path, eo.fingerprint("Qwen3MoeForCausalLM", LAYERS, 256), LAYERS)
+
+
+def test_hot_set_shorter_than_the_cache_is_refused(eo, weights) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match="lists 5 experts, the cache holds 6"):
+        _layer(eo, weights, cache=6)
+
+
+def test_missing_hot_set_file_names_the_tool(eo, tmp_path) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match="cannot read the hot-set file.*scripts/expert_trace.py"):
+        eo.load_hot_sets(tmp_path / "none.json", {}, LAYERS)
