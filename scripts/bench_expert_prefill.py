@@ -10,11 +10,11 @@ from typing import Annotated
 
 import typer
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+from rigstack import cli
 
-from rigstack import cli  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
+# The kernel loaders live beside the kernel tests, which also run as plain scripts on a GPU host.
+sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 
 app = typer.Typer(add_completion=False)
 

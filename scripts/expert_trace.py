@@ -1,58 +1,7 @@
-"""expert_trace.py: collect the expert picks a running server counted (VLLM_EXPERT_COUNTS=1, VLLM_SERVER_DEV_MODE=1;
-patch 0014), optionally after sending a prompt set; report per layer how concentrated they are; choose each layer's
-hot set for a cache size or device budget; write the hot-set file VLLM_EXPERT_OFFLOAD reads (the profile's
-offload.hot_set). Add --debug anywhere for tracebacks."""
+"""expert_trace.py: per-layer hot sets from a running server's expert picks (`rigstack expert-trace`)."""
 
-from __future__ import annotations
-
-import sys
-from pathlib import Path
-from typing import Annotated
-
-import typer
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rigstack import cli, expert_trace  # noqa: E402
-from rigstack.client import Endpoint, Server, api_key_from_env  # noqa: E402
-from rigstack.errors import UserError  # noqa: E402
-from rigstack.probes.cli import ApiKeyEnv, Model, Timeout, Url  # noqa: E402
-from rigstack.profiles import load_profile  # noqa: E402
-
-app = typer.Typer(add_completion=False, no_args_is_help=True)
-
-
-@app.command()
-def main(
-    url: Url,
-    model: Model,
-    api_key_env: ApiKeyEnv = None,
-    timeout: Timeout = 600.0,
-    profile: Annotated[str | None, typer.Option(help="take --out and --cache from this profile's offload: section")]
-    = None,
-    out: Annotated[Path | None, typer.Option(help="hot-set file to write (default: the profile's offload.hot_set)")]
-    = None,
-    cache: Annotated[int | None, typer.Option(help="hot experts a layer")] = None,
-    budget_gib: Annotated[float | None, typer.Option(help="or device GiB for the caches of all layers")] = None,
-    prompts: Annotated[Path | None, typer.Option(help="send these prompts first, one a line")] = None,
-    max_tokens: Annotated[int, typer.Option(help="tokens generated per prompt")] = 64,
-    reset: Annotated[bool, typer.Option(help="zero the server's counts after reading them")] = False,
-    top_k: Annotated[int | None, typer.Option(help="experts a token picks, for the decode prediction")] = None,
-    link_gb_s: Annotated[float | None, typer.Option(help="miss gather GB/s, for the decode prediction")] = None,
-    compute_ms: Annotated[float, typer.Option(help="GPU time of a decode step without transfers, ms")] = 0.0,
-) -> int:
-    """Trace the expert picks of a running server and write per-layer hot sets."""
-    if profile is not None:
-        offload = load_profile(profile).offload
-        if offload is None or offload.hot_set is None:
-            raise UserError(f"profile {profile} has no offload.hot_set; give --out")
-        out = out or Path(offload.hot_set)
-        if cache is None and budget_gib is None:
-            cache = offload.hot_experts_per_layer
-    lines = [] if prompts is None else [line for line in prompts.read_text().splitlines() if line.strip()]
-    server = Server(Endpoint(url, model, api_key_from_env(api_key_env)), timeout)
-    return expert_trace.main(server, out, cache, budget_gib, lines, max_tokens, reset, top_k, link_gb_s, compute_ms)
-
+from rigstack.commands import entry
+from rigstack.commands.expert_trace import app
 
 if __name__ == "__main__":
-    sys.exit(cli.run(app))
+    entry(app)

@@ -162,7 +162,7 @@ def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], s
 SHIMS = [(("apply.py", "apply"), ("apply",)), (("apply.py", "port"), ("port",)), (("preflight.py",), ("preflight",)),
          (("preflight.py", "plan"), ("plan",)), (("scripts/run_prod.py",), ("serve",)),
          (("scripts/run_prod.py", "stop"), ("stop",)), (("scripts/bench.py",), ("bench",)),
-         (("scripts/probe_bang.py", "swap"), ("bang", "swap")),
+         (("scripts/probe_bang.py", "swap"), ("bang", "swap")), (("scripts/expert_trace.py",), ("expert-trace",)),
          (("-m", "rigstack.images", "build"), ("image", "build")),
          (("-m", "rigstack.images", "verify-image"), ("image", "verify")),
          (("-m", "rigstack.images", "standin"), ("image", "base"))]
@@ -175,7 +175,7 @@ def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: d
     assert top.returncode == 0, top.stderr
     assert sorted(commands_of(top.stdout)) == sorted(
         ["apply", "check", "status", "diff", "export", "import", "port", "preflight", "plan", "image", "serve",
-         "stop", "bench", "conc", "needle", "qual", "compare", "bang"])
+         "stop", "bench", "conc", "needle", "qual", "compare", "bang", "expert-trace"])
     for shim, command in SHIMS:
         flags = [set(re.findall(r"--[a-z][a-z0-9-]*", helps[words])) for words in (shim, ("-m", "rigstack", *command))]
         assert flags[0] == flags[1], (shim, command)
@@ -186,7 +186,8 @@ def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: d
 
 def test_no_entry_point_edits_sys_path() -> None:
     """The package is installed: no script reaches into the checkout (bar the two GPU benches' kernel loaders)."""
-    kernel_benches = {"bench_sparse_mla.py", "bench_expert_gather.py", "bench_moe_layer.py"}
+    kernel_benches = {"bench_sparse_mla.py", "bench_expert_gather.py", "bench_moe_layer.py",
+                      "bench_expert_prefill.py"}
     found = [path.name for path in [*REPO_ROOT.glob("*.py"), *REPO_ROOT.glob("scripts/*.py")]
              if "sys.path.insert" in path.read_text() and path.name not in kernel_benches]
     assert not found, found

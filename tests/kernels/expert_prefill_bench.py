@@ -76,7 +76,8 @@ def run(sizes: list[int], rounds: int) -> int:
                   "w2": torch.nn.Parameter(w2.clone(), requires_grad=False)}
         layers[masked] = (mod.LayerOffload(params, hot, CACHE, STAGING, dev, 1, masked, "bench"), params)
     print(f"one layer: {N_EXPERTS} experts, top-{TOP_K}, {CACHE} cached, {STAGING} staging, "
-          f"{layers[False][0].n_groups} groups; {w13[0].numel() * 3 / 1e6:.1f} MB an expert; {torch.cuda.get_device_name()}")
+          f"{layers[False][0].n_groups} groups; {w13[0].numel() * 3 / 1e6:.1f} MB an expert; "
+          f"{torch.cuda.get_device_name()}")
     print(f"{'tokens':>7} {'resident ms':>12} {'grouped ms':>11} {'masked ms':>10} {'direct ms':>10} "
           f"{'distinct':>9} {'masked==grouped':>16} {'max |grouped-resident|':>23}")
     for n in sizes:

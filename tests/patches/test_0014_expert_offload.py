@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-E, H, I, K = 8, 256, 128, 2  # the tiny MoE model's layer: 8 experts, top-2
+E, H, INTER, K = 8, 256, 128, 2  # the tiny MoE model's layer: 8 experts, top-2
 HOT = [5, 1, 7, 0, 2]  # hottest first
 ISA = "vec"
 
@@ -27,8 +27,8 @@ def weights() -> tuple[torch.Tensor, torch.Tensor]:
     from vllm import _custom_ops as ops
 
     gen = torch.Generator().manual_seed(0)
-    w13 = (torch.randn(E, 2 * I, H, generator=gen) * 0.1).bfloat16()
-    w2 = (torch.randn(E, H, I, generator=gen) * 0.1).bfloat16()
+    w13 = (torch.randn(E, 2 * INTER, H, generator=gen) * 0.1).bfloat16()
+    w2 = (torch.randn(E, H, INTER, generator=gen) * 0.1).bfloat16()
     return ops.cpu_prepack_moe_weight(w13, ISA), ops.cpu_prepack_moe_weight(w2, ISA)
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from rigstack import launch
 from rigstack.versions import REPO_ROOT
-from tests.fixtures_server import TestServer
+from testing.server import TestServer
 
 pytestmark = pytest.mark.server
 
