@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import images
+from rigstack import images, localbase
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT, load_pins
@@ -160,8 +160,7 @@ def client():  # noqa: ANN201
 
 @pytest.fixture(scope="module")
 def standin(client) -> str:  # noqa: ANN001
-    images.make_standin(images.STANDIN_TAG)
-    return images.STANDIN_TAG
+    return localbase.make_standin().tag
 
 
 @pytest.fixture(scope="module")
@@ -317,7 +316,7 @@ def test_verify_fails_on_an_image_rigstack_did_not_build(standin: str, stack_dir
 @pytest.mark.docker
 def test_missing_base_says_how_to_get_one(client, stack_dir: Path) -> None:  # noqa: ANN001
     with pytest.raises(UserError, match=r"not present locally; pull it with `docker pull rigstack-test/no-base:1`.*"
-                                        r"rigstack.images standin"):
+                                        r"rigstack.images base --standin"):
         images.build_image(images.RigImage("test-rig", "rigstack-test/never:1"), base="rigstack-test/no-base:1",
                            patches_dir=stack_dir)
 

@@ -142,7 +142,7 @@ def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], s
     assert all(top in helps for top in tops)
     # The subcommands the README documents were found in the panels (so they were each asked for --help).
     for words in (("apply.py", "port"), ("preflight.py", "profiles"), ("scripts/run_prod.py", "stop"),
-                  ("scripts/probe_bang.py", "swap"), ("-m", "rigstack.images", "standin")):
+                  ("scripts/probe_bang.py", "swap"), ("-m", "rigstack.images", "base")):
         assert words in helps, sorted(helps)
 
 
