@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rigstack.errors import UserError
-from rigstack.preflight import hardware, host, model, package, settings  # noqa: F401 - registers the checks
+from rigstack.preflight import hardware, host, image, model, package, settings  # noqa: F401 - registers checks
 from rigstack.preflight.core import CHECKS, Context, Result, Status, fail
 from rigstack.preflight.knowledge import find_package, search_path
 from rigstack.preflight.nvml import scan
