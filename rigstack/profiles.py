@@ -194,6 +194,10 @@ class PlannerHints(_Frozen):
 class Docker(_Frozen):
     shm_size: Word = "16g"
     ipc: Word = "host"
+    memory: Word | None = None  # `docker run --memory`: a cap, so a container cannot take the host's RAM
+    # A patched vllm package on the host whose changed files are mounted read-only over the image's package (seed
+    # 002's way; rigstack.images.bind_mounts), instead of the files a rig image has laid.
+    bind_package: str | None = None
 
 
 class Router(_Frozen):

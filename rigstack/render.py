@@ -150,8 +150,14 @@ def docker_run(profile: Profile, *, model: Path | None = None, replica: int = 0,
         argv += ["--gpus", devices]
     for key, value in profile_env(profile).items():
         argv += ["-e", f"{key}={value}"]
+    if profile.docker.memory:
+        argv += ["--memory", profile.docker.memory]
     for path in _mounts(profile, model):
         argv += ["-v", f"{path}:{path}:ro"]
+    if profile.docker.bind_package:
+        from rigstack.images import bind_mounts  # the same .so and folder guard as a built image
+
+        argv += bind_mounts(Path(profile.docker.bind_package))
     return [*argv, "--entrypoint", "python3", image, "-m", SERVER_MODULE,
             *_server_args(profile, model, "0.0.0.0", port)]
 

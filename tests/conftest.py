@@ -83,3 +83,17 @@ def two_patches(patch_maker: PatchMaker, tmp_path: Path) -> Path:
         "rigstack_added.py": "VALUE = 1\n",
     })
     return folder
+
+
+@pytest.fixture(scope="module")
+def client():  # noqa: ANN201
+    """The docker daemon (tests/test_images.py, tests/test_cpu_image.py): skips without one, fails in CI."""
+    from rigstack.dockerapi import connect
+    from rigstack.errors import UserError
+
+    try:
+        return connect()
+    except UserError as error:
+        if os.environ.get("CI") == "true":  # CI must run these: a missing daemon there is a failure, not a skip
+            pytest.fail(f"CI=true but no docker daemon: {error}")
+        pytest.skip(f"no docker daemon: {error}")

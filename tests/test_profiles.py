@@ -12,7 +12,7 @@ from rigstack.errors import UserError
 from rigstack.profiles import PROFILES_DIR, list_profiles, load_profile, model_dir, resolved_dict
 from rigstack.tinymodel import tiny_model_dir
 
-SHIPPED = ["cmp170hx-6x-pp6", "cmp170hx-8x-pp8", "cpu-tiny", "cpu-tiny-2hosts-pp2", "cpu-tiny-pp2",
+SHIPPED = ["cmp170hx-6x-pp6", "cmp170hx-8x-pp8", "cpu-tiny", "cpu-tiny-2hosts-pp2", "cpu-tiny-docker", "cpu-tiny-pp2",
            "cpu-tiny-replicas", "glm53-cmp170hx-2x5-pp10", "glm53-cmp170hx-2x8-pp16", "glm53-cmp170hx-pp10",
            "glm53-cmp170hx-pp8", "glm53-cmp170hx-pp9", "l40-8x-tp8", "rtxpro6000-1x-offload",
            "rtxpro6000-tp2-replicas"]

@@ -154,7 +154,7 @@ def test_help_of_every_entry_point_and_subcommand(helps: dict[tuple[str, ...], s
     assert all(top in helps for top in tops)
     # The subcommands the README documents were found in the panels (so they were each asked for --help).
     for words in (("apply.py", "port"), ("preflight.py", "profiles"), ("scripts/run_prod.py", "stop"),
-                  ("scripts/probe_bang.py", "swap"), ("-m", "rigstack.images", "standin")):
+                  ("scripts/probe_bang.py", "swap"), ("-m", "rigstack.images", "base")):
         assert words in helps, sorted(helps)
 
 
@@ -165,7 +165,7 @@ SHIMS = [(("apply.py", "apply"), ("apply",)), (("apply.py", "port"), ("port",)),
          (("scripts/probe_bang.py", "swap"), ("bang", "swap")), (("scripts/expert_trace.py",), ("expert-trace",)),
          (("-m", "rigstack.images", "build"), ("image", "build")),
          (("-m", "rigstack.images", "verify-image"), ("image", "verify")),
-         (("-m", "rigstack.images", "standin"), ("image", "base"))]
+         (("-m", "rigstack.images", "base"), ("image", "base"))]
 
 
 def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: dict[tuple[str, ...], str],

