@@ -166,36 +166,29 @@ def write_hot_sets(path: Path, trace: Trace, hot_plan: HotSetPlan) -> None:
     write_atomic(path, json.dumps(data, indent=1))
 
 
-def main(server: Server, out: Path | None, cache: int | None, budget_gib: float | None, prompts: Sequence[str],
-         max_tokens: int, reset: bool, top_k: int | None, link_gb_s: float | None, compute_ms: float) -> int:
-    """Collect (after sending `prompts`), report per layer, choose the hot sets and write them to `out`."""
-    from rich.table import Table
+@dataclass(frozen=True)
+class TraceReport:
+    """What one collection found: the trace, each layer's hot set for the cache, and the cost model's decode
+    prediction (None without a link rate and top-k: it is a prediction, never a measurement)."""
 
-    from rigstack.cli import console
+    trace: Trace
+    hot_plan: HotSetPlan
+    prompts_sent: int
+    tokens_made: int
+    predicted_tok_s: tuple[float, float] | None  # (per-layer hot sets, one summed set)
+    link_gb_s: float | None
+    compute_ms: float
 
+
+def collect(server: Server, cache: int | None, budget_gib: float | None, prompts: Sequence[str], max_tokens: int,
+            reset: bool, top_k: int | None, link_gb_s: float | None, compute_ms: float) -> TraceReport:
+    """Collect the server's counts (after sending `prompts`) and choose each layer's hot set."""
     server.check_model()
-    if prompts:
-        made = send_prompts(server, prompts, max_tokens)
-        console.print(f"sent {len(prompts)} prompts ({made} tokens generated)")
+    made = send_prompts(server, prompts, max_tokens) if prompts else 0
     trace = fetch_counts(server, reset=reset)
     hot_plan = plan(trace, cache_for(trace, cache, budget_gib))
-    table = Table("layer", "picks", f"hottest {TOP_FRACTION:.0%} take", "hit rate, own hot set",
-                  "hit rate, summed hot set", title=f"{len(trace.counts)} MoE layers, {hot_plan.cache} hot experts "
-                  f"a layer, {trace.expert_bytes / 2**20:.2f} MiB an expert")
-    for layer in hot_plan.layers:
-        table.add_row(layer.name, str(layer.picks), f"{layer.top_share:.1%}", f"{layer.hit_rate:.1%}",
-                      f"{layer.summed_hit_rate:.1%}")
-    console.print(table)
-    console.print(f"hit rate over the trace: {hot_plan.hit_rate:.1%} with each layer's own hot set, "
-                  f"{hot_plan.summed_hit_rate:.1%} with one set from the counts summed over layers")
+    predicted = None
     if link_gb_s and top_k:
-        own = predicted_tok_s(trace, hot_plan.hit_rate, top_k, link_gb_s, compute_ms / 1e3)
-        summed = predicted_tok_s(trace, hot_plan.summed_hit_rate, top_k, link_gb_s, compute_ms / 1e3)
-        console.print(f"cost model (a prediction, not measured): {own:.2f} tok/s with the per-layer hot sets, "
-                      f"{summed:.2f} with the summed set ({link_gb_s:g} GB/s link, {compute_ms:g} ms compute a step)")
-    else:
-        console.print("no decode prediction: give --top-k and --link-gb-s for the cost model")
-    if out is not None:
-        write_hot_sets(out, trace, hot_plan)
-        console.print(f"wrote {out}")
-    return 0
+        predicted = tuple(predicted_tok_s(trace, hit, top_k, link_gb_s, compute_ms / 1e3)
+                          for hit in (hot_plan.hit_rate, hot_plan.summed_hit_rate))
+    return TraceReport(trace, hot_plan, len(prompts), made, predicted, link_gb_s, compute_ms)

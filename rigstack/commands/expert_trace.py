@@ -12,7 +12,9 @@ import typer
 
 from rigstack import expert_trace
 from rigstack.client import Endpoint, Server, api_key_from_env
+from rigstack.cli import console
 from rigstack.errors import UserError
+from rigstack.output.expert_trace import show_trace
 from rigstack.probes.cli import ApiKeyEnv, Model, Timeout, Url
 from rigstack.profiles import load_profile
 
@@ -48,5 +50,10 @@ def main(
             cache = offload.hot_experts_per_layer
     lines = [] if prompts is None else [line for line in prompts.read_text().splitlines() if line.strip()]
     server = Server(Endpoint(url, model, api_key_from_env(api_key_env)), timeout)
-    return expert_trace.main(server, out, cache, budget_gib, lines, max_tokens, reset, top_k, link_gb_s, compute_ms)
+    report = expert_trace.collect(server, cache, budget_gib, lines, max_tokens, reset, top_k, link_gb_s, compute_ms)
+    show_trace(report)
+    if out is not None:
+        expert_trace.write_hot_sets(out, report.trace, report.hot_plan)
+        console.print(f"wrote {out}")
+    return 0
 
