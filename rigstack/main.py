@@ -7,6 +7,7 @@
     rigstack serve | stop                                  the launcher (scripts/run_prod.py)
     rigstack bench|conc|needle|qual|compare|bang           the probes (scripts/*.py)
     rigstack expert-trace                                  per-layer hot sets (scripts/expert_trace.py)
+    rigstack upstream-tests                                vLLM's own tests, pristine vs patched (scripts/...)
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from __future__ import annotations
 import typer
 
 from rigstack import cli
-from rigstack.commands import bang, bench, compare, conc, expert_trace, image, needle, preflight, qual, serve, stack
+from rigstack.commands import (bang, bench, compare, conc, expert_trace, image, needle, preflight, qual, serve, stack,
+                               upstream_tests)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rigstack: a pinned, patched vLLM for odd GPU rigs. Add --debug anywhere for tracebacks.")
@@ -34,6 +36,7 @@ PROBES = {
 for module, summary in PROBES.items():
     app.command(module.__name__.rsplit(".", 1)[1], help=summary)(module.main)
 app.command("expert-trace")(expert_trace.main)
+app.command("upstream-tests")(upstream_tests.main)
 app.add_typer(bang.app, name="bang", help="silent-corruption probe: greedy repeats must be identical (seed 003)")
 
 

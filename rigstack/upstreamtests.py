@@ -25,8 +25,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path, PurePosixPath
 
-from rich.console import Console
-from rich.table import Table
 
 from rigstack import patchtests
 from rigstack.atomic import replacing
@@ -453,32 +451,3 @@ def write_json(report: Report, path: Path) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(report_json(report), indent=2, sort_keys=True) + "\n")
     tmp.replace(path)
-
-
-def _reasons(counts: dict[str, int], shown: int = 3) -> str:
-    """The commonest reasons, each cut short; the JSON keeps them all."""
-    ranked = sorted(counts.items(), key=lambda item: -item[1])
-    text = "; ".join(f"{count} {reason[:50]}" for reason, count in ranked[:shown])
-    rest = sum(count for _, count in ranked[shown:])
-    return text + (f"; {rest} other" if rest else "")
-
-
-def print_report(report: Report, console: Console) -> None:
-    table = Table(title=f"vLLM's own tests ({report.sdist}): patched {report.patched} vs pristine {report.pristine}",
-                  title_justify="left")
-    for column in ("module", "files", "tests", "pass pristine", "pass patched", "skipped (why)",
-                   "fail on both (why)", "verdict"):
-        table.add_column(column, overflow="fold")
-    for result in (*report.modules, report.total):
-        verdict = ("[bold red]REGRESSED[/]" if result.regressions else
-                   "[dim]no tests[/]" if not result.tests else "[green]as pristine[/]")
-        table.add_row(result.module, str(len(result.files)), str(result.tests), str(result.passed_pristine),
-                      str(result.passed_patched), _reasons(result.skipped), _reasons(result.failed_pristine),
-                      verdict, end_section=result is report.modules[-1])
-    console.print(table)
-    for line in report.total.collection_errors:
-        console.print(f"[yellow]collection error:[/] {line}")
-    for line in report.total.regressions:
-        console.print(f"[red]regression:[/] {line}")
-    if report.shm_removed:
-        console.print(f"removed {len(report.shm_removed)} /dev/shm file(s) upstream's tests created and left behind")

@@ -163,6 +163,7 @@ SHIMS = [(("apply.py", "apply"), ("apply",)), (("apply.py", "port"), ("port",)),
          (("preflight.py", "plan"), ("plan",)), (("scripts/run_prod.py",), ("serve",)),
          (("scripts/run_prod.py", "stop"), ("stop",)), (("scripts/bench.py",), ("bench",)),
          (("scripts/probe_bang.py", "swap"), ("bang", "swap")), (("scripts/expert_trace.py",), ("expert-trace",)),
+         (("scripts/upstream_tests.py",), ("upstream-tests",)),
          (("-m", "rigstack.images", "build"), ("image", "build")),
          (("-m", "rigstack.images", "verify-image"), ("image", "verify")),
          (("-m", "rigstack.images", "base"), ("image", "base"))]
@@ -175,7 +176,7 @@ def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: d
     assert top.returncode == 0, top.stderr
     assert sorted(commands_of(top.stdout)) == sorted(
         ["apply", "check", "status", "diff", "export", "import", "port", "preflight", "plan", "image", "serve",
-         "stop", "bench", "conc", "needle", "qual", "compare", "bang", "expert-trace"])
+         "stop", "bench", "conc", "needle", "qual", "compare", "bang", "expert-trace", "upstream-tests"])
     for shim, command in SHIMS:
         flags = [set(re.findall(r"--[a-z][a-z0-9-]*", helps[words])) for words in (shim, ("-m", "rigstack", *command))]
         assert flags[0] == flags[1], (shim, command)
