@@ -9,6 +9,8 @@ API:
     facts_argv(python) -> list[str]: a one-line probe printing the host's vllm and ray versions and stack hash.
     compare_facts(profile, facts) -> None: UserError when a worker's versions or stack hash differ from the head's.
     reach_argv(python, address, port) -> list[str]: the probe a worker runs to reach the head's Ray port.
+    closed_ports(profile, remote, python) -> list[str]: each host listens on its fixed Ray ports for a moment while
+        every other host connects; "FROM -> TO:PORT" for each connection that failed (preflight's hosts check).
     start_ray(profile, remote, run_dir, *, python, ray) -> list[RunRecord]
         `ray start --block` per host, each recorded in run_dir/ray-ADDRESS like any server (rigstack.launch), so
         `run_prod.py stop` ends them by process group: ending the blocking `ray start` (or its ssh session) stops
@@ -42,6 +44,11 @@ FACTS_CODE = ("import json, importlib.metadata as m, pathlib, vllm\n"
               "print(json.dumps({'vllm': m.version('vllm'), 'ray': m.version('ray'),\n"
               "  'stack_hash': json.loads(stamp.read_text())['stack_hash'] if stamp.is_file() else None}))")
 REACH_CODE = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()"
+# Holds a host's Ray ports open while the others connect; it ends itself in case the ssh session outlives us.
+LISTEN_CODE = ("import socket, sys, time\n"
+               "held = [socket.create_server((sys.argv[1], int(port))) for port in sys.argv[2:]]\n"
+               "print('listening', flush=True)\n"
+               "time.sleep(60)")
 
 
 @dataclass(frozen=True)
@@ -115,6 +122,39 @@ def _run(remote: Remote, host: Host, argv: list[str], what: str) -> str:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
         raise UserError(f"host {host.address}: {what} failed (exit {done.returncode}: {last})")
     return done.stdout
+
+
+def host_ports(profile: Profile, host: Host) -> list[int]:
+    """The fixed ports Ray serves on a host: every node's node and object managers, and the head's GCS. The worker
+    port range is not probed (a firewall rule opens it as one range)."""
+    ray = profile.ray
+    ports = [ray.node_manager_port, ray.object_manager_port]
+    return [ray.port, *ports] if host == profile.hosts[0] else ports
+
+
+def closed_ports(profile: Profile, remote: Remote, python: str) -> list[str]:
+    closed = []
+    for host in profile.hosts:
+        ports = host_ports(profile, host)
+        listener = subprocess.Popen(remote(host, [python, "-c", LISTEN_CODE, host.address, *map(str, ports)]),
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+        try:
+            if "listening" not in (listener.stdout.readline() if listener.stdout else ""):
+                listener.kill()
+                last = (listener.communicate()[1].strip().splitlines() or ["no output"])[-1]
+                raise UserError(f"host {host.address}: cannot listen on its Ray ports {ports} ({last}); a process "
+                                "holds one there: stop it or change the profile's ray: ports")
+            for other in profile.hosts:
+                for port in ports if other != host else ():
+                    try:
+                        _run(remote, other, reach_argv(python, host.address, port), "the port probe")
+                    except UserError:
+                        closed.append(f"{other.address} -> {host.address}:{port}")
+        finally:
+            listener.kill()
+            listener.communicate()
+    return closed
 
 
 def host_facts(profile: Profile, remote: Remote, python: str) -> dict[str, dict[str, str | None]]:

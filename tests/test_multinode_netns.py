@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from rigstack import launch, multinode
+from rigstack.preflight import scale
+from rigstack.preflight.core import Context, Status
 from rigstack.preflight.host import meminfo
 from rigstack.profiles import Host, load_profile
 from testing.net import free_port
@@ -94,3 +96,20 @@ def test_ray_across_two_namespaces_and_vllm_cpus_refusal(namespaces: dict[str, s
         assert subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, check=False).returncode == 1
     for folder in temp.values():
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_preflight_hosts_check_sees_a_closed_ray_port(namespaces: dict[str, str], monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:
+    """Preflight's hosts check over the two namespaces: the same stack on both and every fixed Ray port reachable,
+    then one port of the worker rejected by its firewall, which the check names (no Ray is started)."""
+    if shutil.which("iptables") is None:
+        pytest.skip("needs iptables to close a port")
+    monkeypatch.setattr(scale, "REMOTE", lambda host, argv: ["ip", "netns", "exec", namespaces[host.address], *argv])
+    ctx = Context(profile=load_profile("cpu-tiny-2hosts-pp2"), model=None, package=None, python=sys.executable)
+    result = scale.hosts(ctx)
+    assert result.status is Status.PASS, result
+    port = ctx.profile.ray.object_manager_port
+    rule = ["INPUT", "-p", "tcp", "--dport", str(port), "-j", "REJECT"]
+    subprocess.run(["ip", "netns", "exec", namespaces[WORKER], "iptables", "-A", *rule], check=True, timeout=30)
+    result = scale.hosts(ctx)
+    assert result.status is Status.FAIL and f"{HEAD} -> {WORKER}:{port}" in result.reason, result

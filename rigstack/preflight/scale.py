@@ -1,10 +1,14 @@
-"""Checks of the scale-out shapes: replicas' GPU sets present on this host, the router installed."""
+"""Checks of the scale-out shapes: replicas' GPU sets present on this host, the router installed, and for a profile
+across hosts the same stack on every host with the Ray ports open between them."""
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
+import sys
 
+from rigstack import multinode
+from rigstack.errors import UserError
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip
 from rigstack.render import replica_gpus
 from rigstack.replicas import ROUTER_MODULE
@@ -47,3 +51,25 @@ def router(ctx: Context) -> Result:
                     "pip install -r requirements-test.txt (it pins vllm-router) into the serving venv")
     policy = ctx.profile.router.policy
     return passed(f"vllm-router found; policy {policy} on port {ctx.profile.router.port}")
+
+
+# The tests swap in `ip netns exec`; on the rigs each host is reached over ssh.
+REMOTE: multinode.Remote = multinode.ssh
+
+
+@check("hosts", slow=True)
+def hosts(ctx: Context) -> Result:
+    profile = ctx.profile
+    if not profile.hosts:
+        return skip("one host")
+    python = ctx.python or sys.executable  # every host runs the serving venv at the same path (multinode.py)
+    try:
+        multinode.compare_facts(profile, multinode.host_facts(profile, REMOTE, python))
+        closed = multinode.closed_ports(profile, REMOTE, python)
+    except UserError as error:
+        return fail(str(error), "fix that host before the boot: Ray workers that differ fail in ways that name nothing")
+    if closed:
+        return fail(f"{len(closed)} Ray port(s) closed between hosts: {', '.join(closed[:3])}",
+                    "open the profile's ray: ports between the hosts (firewall, security group) or change them")
+    addresses = ", ".join(host.address for host in profile.hosts)
+    return passed(f"{addresses}: the same vLLM, Ray and stack hash; the fixed Ray ports open between them")
