@@ -97,9 +97,11 @@ def test_the_router_lists_the_model_once_and_both_replicas_answer(pool: dict[str
     assert started.index(replicas[0]) < started.index(replicas[1]) < started.index(router)
     assert [card["id"] for card in httpx.get(router + "/v1/models", timeout=10).json()["data"]] == ["tiny"]
     before = [_served(url) for url in replicas]
-    # Four at a time: once one replica has more in flight than the other, cache_aware balances.
-    prompts = [f"{word} is a word that starts with {word[0]}" for word in
-               ("Apple", "Bridge", "Candle", "Desert", "Engine", "Forest", "Garden", "Harbor")]
+    # Eight unrelated prompts, four at a time. As token ids: cache_aware (0.1.17) matches prefixes only on token ids
+    # and sends a prompt it has no match for to the replica whose tree is smaller, so unrelated prompts spread.
+    # Text prompts all count as unmatched and stay on one replica until the in-flight gap passes the threshold,
+    # which an idle CI box never reached (CI saw [0, 8]).
+    prompts = [[2000 + 97 * i + j for j in range(24)] for i in range(8)]
     with ThreadPoolExecutor(4) as workers:
         assert list(workers.map(lambda prompt: _complete(router, prompt, 16), prompts)) == [200] * len(prompts)
     served = [_served(url) - old for url, old in zip(replicas, before)]
