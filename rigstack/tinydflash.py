@@ -16,12 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
-from rigstack.tinymodel import models_root
+from rigstack.tinymodel import build_model_dir, models_root
 
 BUILD_VERSION = 1
 TARGET_LAYER_IDS = (0, 2)
@@ -77,22 +74,10 @@ def build_tiny_dflash(target: Path, seed: int = 0) -> Path:
 
     target_config = json.loads((target / "config.json").read_text())
     final = models_root() / f"dflash-{_key(target_config, seed)}"
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
-    try:
+
+    def build(staging: Path) -> None:
         config = _config(target_config)
         save_file(_weights(config, seed), str(staging / "model.safetensors"), metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        staging.chmod(0o755)
-        for item in staging.iterdir():
-            item.chmod(0o644)
-        try:
-            os.replace(staging, final)
-        except OSError:
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return final
+
+    return build_model_dir(final, build)

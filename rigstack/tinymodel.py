@@ -36,7 +36,7 @@ import random
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -239,13 +239,18 @@ def tiny_model_dir(kind: str = "dense", seed: int = 0, path: Sequence[str] | Non
 
 def build_tiny_model(kind: str = "dense", seed: int = 0) -> Path:
     """The tiny model's folder, built on first use and cached by the content key of its inputs."""
-    final = tiny_model_dir(kind, seed)
+    return build_model_dir(tiny_model_dir(kind, seed), lambda staging: _build(kind, seed, staging))
+
+
+def build_model_dir(final: Path, build: Callable[[Path], None]) -> Path:
+    """`final` as `build` fills it, made in a staging folder beside it and moved in whole, so a reader never sees a
+    half-written model; kept as it is once there (the folder name is the content key of its inputs)."""
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
-        _build(kind, seed, staging)
+        build(staging)
         # mkdtemp makes the folder private; containers running as another user must read the model.
         staging.chmod(0o755)
         for item in staging.iterdir():
