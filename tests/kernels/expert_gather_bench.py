@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 import sm8x_load
+from graph_timing import replay_gbps
 
 MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 GIB = 1 << 30
@@ -114,20 +115,6 @@ def _gather_prefetch_kernel(src_ptr, dst_ptr, list_ptr, count_ptr, row_elems, n_
             idx = off + tl.arange(0, BLOCK)
             m = base + idx < row_elems
             tl.store(dst + idx, tl.load(src + idx, mask=m, cache_modifier=".cg"), mask=m, cache_modifier=".cs")
-
-
-def _gbps(graph: torch.cuda.CUDAGraph, nbytes: int, reps: int) -> float:
-    """Median GB/s of ``reps`` timed replays (after one warm-up replay)."""
-    graph.replay()
-    times = []
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return nbytes / statistics.median(times) / 1e9
 
 
 def _staged_right(dst: torch.Tensor, host: torch.Tensor, lst: torch.Tensor, n: int) -> bool:
@@ -247,7 +234,7 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool) -> int:
         speed = {name: [] for name in graphs}
         for _ in range(rounds):
             for name, graph in graphs.items():
-                speed[name].append(_gbps(graph, nbytes, reps))
+                speed[name].append(replay_gbps(graph, nbytes, reps))
         ratio = {name: [v / c for v, c in zip(vals, speed["contiguous"])] for name, vals in speed.items()}
         print(f"\nmisses {n} ({n * EXPERT_BYTES / 1e6:.0f} MB a step), graph-replayed: median GB/s, "
               "median (min-max) of the per-round fraction of contiguous")

@@ -25,6 +25,8 @@ from types import ModuleType
 
 import torch
 
+from graph_timing import replay_gbps, replay_seconds
+
 GIB = 1 << 30
 N_EXPERTS = 288
 TOP_K = 8
@@ -211,19 +213,6 @@ def _graph(steps: Callable[[], None]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def _seconds(graph: torch.cuda.CUDAGraph, reps: int) -> float:
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
-
-
 @dataclass(frozen=True)
 class Measured:
     name: str
@@ -317,7 +306,7 @@ def time_layer(t: Traces, tokens: int, sizes: list[int], reps: int, rounds: int,
     times: dict[str, list[float]] = {name: [] for name in graphs}
     for _ in range(rounds):  # every variant in turn, so a drift of the link shows on all of them
         for name, graph in graphs.items():
-            times[name].append(_seconds(graph, reps) / tokens)
+            times[name].append(replay_seconds(graph, reps) / tokens)
     # The gather alone at 8 misses a step, and a contiguous copy of the same bytes, for the model's link rate.
     link = _link_rates(ko, host, reps, rounds)
     measured = []
@@ -353,5 +342,5 @@ def _link_rates(ko: ModuleType, host: torch.Tensor, reps: int, rounds: int) -> d
     speed: dict[str, list[float]] = {name: [] for name in graphs}
     for _ in range(rounds):
         for name, graph in graphs.items():
-            speed[name].append(nbytes / _seconds(graph, reps) / 1e9)
+            speed[name].append(replay_gbps(graph, nbytes, reps))
     return {f"{name} GB/s": statistics.median(values) for name, values in speed.items()}
