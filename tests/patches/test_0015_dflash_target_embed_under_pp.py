@@ -11,8 +11,6 @@ drafter, `'CPUModelRunner' object has no attribute 'drafter'`, and no aux-hidden
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,27 +32,12 @@ def models() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def dist(models: tuple[Path, Path]) -> Iterator[None]:
-    """The one-process model-parallel groups a CPU worker has."""
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import (
-        cleanup_dist_env_and_memory,
-        ensure_model_parallel_initialized,
-        init_distributed_environment,
-    )
+def dist(single_rank_dist: None) -> None:
+    """The one-process model-parallel groups a CPU worker has (conftest), and what the CPU worker does before
+    loading: no accelerator to empty caches on."""
     from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    # What the CPU worker does before loading: no accelerator to empty caches on.
     _set_torch_accelerator_to_noop()
-    with set_current_vllm_config(_config(*models)):
-        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
-                                     local_rank=0, backend="gloo")
-        ensure_model_parallel_initialized(1, 1)
-    yield
-    cleanup_dist_env_and_memory()
 
 
 @pytest.fixture
