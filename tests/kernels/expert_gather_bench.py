@@ -46,7 +46,7 @@ STEPS = 4  # steps per graph, each on its own expert set
 SWEEP = [(8192, 1 << 18, 8, 2, 1), (1024, 1 << 14, 4, 8, 1), (4096, 1 << 16, 4, 4, 3), (16384, 1 << 20, 16, 2, 1)]
 TMA_ROWS = 128  # rows of 256 bytes a TMA tile (32 KiB)
 # Conditional-node gathers (layout, parallel chains); SWITCH costs STAGING x N_EXPERTS memcpy nodes a step.
-CONDITIONAL = [("switch", 1), ("switch", 4), ("if", 1), ("if", 2), ("if", 4), ("if", 16)]
+CONDITIONAL = [("switch", 1), ("switch", 4), ("if", 1), ("if", 2), ("if", 4), ("if", 16), ("if", N_EXPERTS)]
 
 
 @triton.jit
