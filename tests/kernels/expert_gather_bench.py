@@ -9,7 +9,12 @@ random set of experts, so the L2 never holds a step's bytes) and replayed, in on
 - index_select on the zero-copy view of the host buffer (ids on the GPU);
 - the Triton gather of patch 0013 (ids and count on the GPU), over a sweep of its tile shapes, a TMA variant,
   one whose loads carry the L2::256B prefetch-size hint, and ones whose programs bulk-prefetch their next tile into
-  L2 through the TMA unit (cp.async.bulk.prefetch.L2) while copying the current one.
+  L2 through the TMA unit (cp.async.bulk.prefetch.L2) while copying the current one;
+- the ceiling of SM reads: the same Triton kernel over one flat contiguous range of the same bytes;
+- copy-engine gathers chosen on the GPU by CUDA graph conditional nodes (cond_copy.py, where cuda.bindings is
+  installed): a SWITCH per staging slot, or an IF per expert into a landing slot per expert, in parallel chains;
+  these read the list and count from the device, so one graph serves every miss count, and a count of 0 gives
+  their cost when nothing is copied.
 It prints GB/s and each one's fraction of contiguous. Torch and Triton only; the kernel module is read from the
 patch stack (tests/kernels/sm8x_load.py), so no vLLM is needed. `scripts/bench_expert_gather.py` is its command.
 """
@@ -18,13 +23,15 @@ from __future__ import annotations
 
 import statistics
 import sys
+import time
 
 import torch
 import triton
 import triton.language as tl
 
+import cond_copy
 import sm8x_load
-from graph_timing import replay_gbps
+from graph_timing import replay_gbps, replay_seconds
 
 MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 GIB = 1 << 30
@@ -38,6 +45,8 @@ STEPS = 4  # steps per graph, each on its own expert set
 # spread only 0.924-0.928; these span it.
 SWEEP = [(8192, 1 << 18, 8, 2, 1), (1024, 1 << 14, 4, 8, 1), (4096, 1 << 16, 4, 4, 3), (16384, 1 << 20, 16, 2, 1)]
 TMA_ROWS = 128  # rows of 256 bytes a TMA tile (32 KiB)
+# Conditional-node gathers (layout, parallel chains); SWITCH costs STAGING x N_EXPERTS memcpy nodes a step.
+CONDITIONAL = [("switch", 1), ("switch", 4), ("if", 1), ("if", 2), ("if", 4), ("if", 16), ("if", N_EXPERTS)]
 
 
 @triton.jit
@@ -123,8 +132,8 @@ def _staged_right(dst: torch.Tensor, host: torch.Tensor, lst: torch.Tensor, n: i
     return torch.equal(dst[slots].cpu(), host[lst[slots].long()])
 
 
-def _capture(step) -> torch.cuda.CUDAGraph:
-    for i in range(STEPS):  # compile and warm outside the capture
+def _capture(step, warm: bool = True) -> torch.cuda.CUDAGraph:
+    for i in range(STEPS if warm else 0):  # compile and warm outside the capture
         step(i)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
@@ -153,12 +162,12 @@ def _tma_step(host_view: torch.Tensor, dst: torch.Tensor):
     return step, None
 
 
-def _steps(ko, host: torch.Tensor, view: torch.Tensor, dst: torch.Tensor, lists: torch.Tensor, n: int,
-           sweep: list[tuple[int, int, int, int, int]]) -> dict:
+def _steps(ko, host: torch.Tensor, view: torch.Tensor, dst: torch.Tensor, lists: torch.Tensor,
+           d_lists: torch.Tensor, d_counts: torch.Tensor, n: int, sweep: list[tuple[int, int, int, int, int]]) -> dict:
     """Name -> step function (step i copies step i's experts) of every way to stage ``n`` misses."""
-    d_lists = lists.cuda()
-    d_counts = torch.full((STEPS, 1), n, dtype=torch.int32, device="cuda")
     d_long = [d_lists[i, :n].long() for i in range(STEPS)]
+    first = torch.zeros(1, dtype=torch.int32, device="cuda")
+    one = torch.ones(1, dtype=torch.int32, device="cuda")
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     s_rows, d_rows = view.view(torch.int32), dst.view(torch.int32)
     steps = {
@@ -166,6 +175,9 @@ def _steps(ko, host: torch.Tensor, view: torch.Tensor, dst: torch.Tensor, lists:
         "per-expert copies (ids on CPU)": lambda i: [dst[s].copy_(host[e], non_blocking=True)
                                                      for s, e in enumerate(lists[i, :n].tolist())],
         "index_select zero-copy": lambda i: torch.index_select(view, 0, d_long[i], out=dst[:n]),
+        # The SM-read ceiling: the module's kernel over one contiguous range of the same bytes (no gather at all).
+        "SM ceiling: triton over one contiguous range": lambda i: ko.gather_misses(
+            view[i * n:(i + 1) * n].reshape(1, -1), first, one, dst[:n].reshape(1, -1)),
         "triton L2::256B-hint loads (PTX)": lambda i: _gather_l2hint_kernel[(sms * 2,)](
             s_rows, d_rows, d_lists[i], d_counts[i], s_rows.shape[1], STAGING, CHUNK=1 << 18, VECS=2048,
             num_warps=8),
@@ -194,15 +206,47 @@ def _graphs(steps: dict, host: torch.Tensor, dst: torch.Tensor, lists: torch.Ten
         except Exception as exc:  # noqa: BLE001 - say why a variant cannot run, keep the others
             print(f"{name}: not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
             continue
-        # The contiguous copy stages the last step's block of experts; the others its listed ones.
-        want = torch.arange((STEPS - 1) * n, STEPS * n, dtype=torch.int32) if name == "contiguous" else lists[-1]
+        # The contiguous copies stage the last step's block of experts; the others its listed ones.
+        want = torch.arange((STEPS - 1) * n, STEPS * n, dtype=torch.int32) if "contiguous" in name else lists[-1]
         if not _staged_right(dst, host, want, n):
             raise SystemExit(f"{name}: staging differs from the host rows (misses {n})")
         graphs[name] = graph
     return graphs
 
 
-def run(misses: list[int], reps: int, rounds: int, sweep: bool) -> int:
+def _conditional(host: torch.Tensor, dst: torch.Tensor, land: torch.Tensor, d_lists: torch.Tensor,
+                 d_counts: torch.Tensor) -> tuple[cond_copy.CondGather | None, dict]:
+    """The builder and name -> (layout, graph) of the conditional-node gathers, or (None, {}) with the reason printed;
+    captured once, they read the lists and counts from the device at every replay."""
+    why = cond_copy.unavailable()
+    try:
+        builder = None if why else cond_copy.CondGather()
+    except Exception as exc:  # noqa: BLE001 - say why the variants cannot run, keep the others
+        why = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+    if why:
+        print(f"conditional-node gathers not measured: {why}")
+        return None, {}
+    graphs = {}
+    for mode, chains in CONDITIONAL:
+        name = (f"CE SWITCH per slot, {chains} chain(s)" if mode == "switch" else
+                f"CE IF per expert, {chains} chain(s), landing[e]")
+        before = builder.memcpy_nodes, builder.cond_nodes
+        t0 = time.perf_counter()
+        try:
+            graph = _capture(lambda i, m=mode, c=chains: builder.gather(
+                m, host, d_lists[i], d_counts[i], dst if m == "switch" else land, chains=c), warm=False)
+            graph.replay()
+            torch.cuda.synchronize()
+        except Exception as exc:  # noqa: BLE001
+            print(f"{name}: not measured: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}")
+            continue
+        print(f"{name}: {builder.cond_nodes - before[1]} conditional and {builder.memcpy_nodes - before[0]} memcpy "
+              f"nodes in {STEPS} steps, captured and instantiated in {time.perf_counter() - t0:.1f} s", flush=True)
+        graphs[name] = (mode, graph)
+    return builder, graphs
+
+
+def run(misses: list[int], reps: int, rounds: int, sweep: bool, conditional: bool = True) -> int:
     """Time every variant for each miss count; 2 when nothing can be measured here."""
     if not torch.cuda.is_available():
         print("bench_expert_gather: no CUDA GPU here, nothing measured", file=sys.stderr)
@@ -220,6 +264,14 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool) -> int:
     host.view(torch.int64).random_()
     view = ko.host_view_on_device(host)
     dst = torch.empty((STAGING, EXPERT_BYTES), dtype=torch.uint8, device="cuda")
+    # The step lists and counts stay in these buffers, refilled for each miss count.
+    d_lists = torch.full((STEPS, STAGING), -1, dtype=torch.int32, device="cuda")
+    d_counts = torch.zeros((STEPS, 1), dtype=torch.int32, device="cuda")
+    # The IF layout lands each expert in its own row.
+    land = torch.empty((N_EXPERTS, EXPERT_BYTES), dtype=torch.uint8, device="cuda") if conditional else None
+    builder, cond = _conditional(host, dst, land, d_lists, d_counts) if conditional else (None, {})
+    first = torch.zeros(1, dtype=torch.int32, device="cuda")
+    one = torch.ones(1, dtype=torch.int32, device="cuda")
     gen = torch.Generator().manual_seed(0)
     summary = []
     for n in misses:
@@ -227,8 +279,25 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool) -> int:
         # Sorted, as the remap lists them; padded with -1 to the staging size.
         lists = torch.full((STEPS, STAGING), -1, dtype=torch.int32)
         lists[:, :n] = perm.sort(dim=1).values.to(torch.int32)
-        graphs = _graphs(_steps(ko, host, view, dst, lists, n, SWEEP if sweep else SWEEP[:1]),
+        d_lists.copy_(lists)
+        d_counts.fill_(n)
+        graphs = _graphs(_steps(ko, host, view, dst, lists, d_lists, d_counts, n, SWEEP if sweep else SWEEP[:1]),
                          host, dst, lists, n)
+        if cond:
+            # Diagnostic: the whole step's block as ONE memcpy in one IF body; against "contiguous", this says whether
+            # a conditional body's copy itself runs at the copy engine's speed (the rest is per-node cost).
+            block = _capture(lambda i: builder.gather(
+                "if", host[i * n:(i + 1) * n].reshape(1, -1), first, one, dst[:n].reshape(1, -1)), warm=False)
+            block.replay()
+            if not _staged_right(dst, host, torch.arange((STEPS - 1) * n, STEPS * n, dtype=torch.int32), n):
+                raise SystemExit(f"one IF, one contiguous memcpy: staging differs from the host rows (misses {n})")
+            graphs["CE one IF, one contiguous memcpy"] = block
+        for name, (mode, graph) in cond.items():
+            graph.replay()
+            if not _staged_right(dst if mode == "switch" else land[lists[-1, :n].long()], host,
+                                 lists[-1] if mode == "switch" else lists[-1, :n], n):
+                raise SystemExit(f"{name}: staging differs from the host rows (misses {n})")
+            graphs[name] = graph
         nbytes = STEPS * n * EXPERT_BYTES
         # Rounds, each timing every variant in turn, so a drift of the link shows in both sides of a ratio.
         speed = {name: [] for name in graphs}
@@ -242,15 +311,31 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool) -> int:
             r = ratio[name]
             print(f"  {name:44s} {statistics.median(speed[name]):6.2f} GB/s  {statistics.median(r):5.3f} "
                   f"({min(r):.3f}-{max(r):.3f})")
-        tri = {k: statistics.median(v) for k, v in ratio.items() if k.startswith("triton")}
+        med = {k: statistics.median(v) for k, v in ratio.items()}
+        tri = {k: v for k, v in med.items() if k.startswith("triton")}
         best = max(tri, key=tri.get)
         default = next(k for k in graphs if k.startswith("triton b"))
+        ce = {k: v for k, v in med.items() if k in cond}
+        best_ce = f"{max(ce.values()):.3f} ({max(ce, key=ce.get)})" if ce else "not measured"
         summary.append(f"  {n:3d} | {statistics.median(speed['contiguous']):.2f} | "
-                       f"{statistics.median(ratio['index_select zero-copy']):.3f} | {tri[default]:.3f} | "
-                       f"{tri[best]:.3f} ({best})")
+                       f"{med['per-expert copies (ids on CPU)']:.3f} | {med['index_select zero-copy']:.3f} | "
+                       f"{med['SM ceiling: triton over one contiguous range']:.3f} | {tri[default]:.3f} | "
+                       f"{tri[best]:.3f} ({best}) | {best_ce}")
         del graphs
         sys.stdout.flush()
-    print("\nsummary (median fraction of contiguous, graph-replayed): misses | contiguous GB/s | index_select | "
-          "module default | best triton (variant)")
+    if cond:
+        # A count of 0: every conditional node is evaluated and none copies; the destinations must stay untouched.
+        d_counts.fill_(0)
+        dst.fill_(0)
+        land.fill_(0)
+        print("\nconditional nodes with nothing to copy (count 0), median of a round of replays:")
+        for name, (_, graph) in cond.items():
+            step_us = replay_seconds(graph, reps * rounds) / STEPS * 1e6
+            if bool(dst.any()) or bool(land.any()):
+                raise SystemExit(f"{name}: wrote with a count of 0")
+            print(f"  {name:44s} {step_us:8.1f} us a step")
+    print("\nsummary (median fraction of contiguous, graph-replayed): misses | contiguous GB/s | per-expert copies "
+          "(ids on CPU) | index_select | SM ceiling (one contiguous range) | module default | best triton (variant) "
+          "| best copy-engine conditional (variant)")
     print("\n".join(summary))
     return 0
