@@ -11,10 +11,14 @@ API:
         nothing recorded there is running.
     end(record, grace_s=30) -> bool: the same for a record in hand (what this process itself started).
     running(run_dir) -> RunRecord | None
-    serve_profile(profile_name, *, run_dir, model=None, dry_run=False, force=False) -> int   (scripts/run_prod.py)
-        load the profile, render it (rigstack.render), refuse when a server of run_dir already runs, run preflight
-        (refuse on FAIL unless force), launch, wait. On failure it stops only what it started itself.
-    stop_run(run_dir) -> int   (`run_prod.py stop`)
+    serve_profile(profile_name, *, run_dir, model=None, dry_run=False, force=False, on_event) -> int
+        (scripts/run_prod.py) load the profile, render it (rigstack.render), refuse when a server of run_dir already
+        runs, run preflight (refuse on FAIL unless force), launch, wait. On failure it stops only what it started.
+    stop_run(run_dir, on_event) -> int   (`run_prod.py stop`)
+
+Nothing here writes to the terminal: what a person watches (the staged wait, the log tail, a SIGKILL, the dry
+run's commands, ready, stopped) is reported as events to the on_event callable the command passes in;
+rigstack/output/launch.py renders them. The default, quiet, reports nothing.
 """
 
 from __future__ import annotations
@@ -28,19 +32,14 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from rich.console import RenderableType
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-from rich.text import Text
-
 from rigstack import render
 from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
-from rigstack.cli import console
 from rigstack.client import Endpoint, Server
 from rigstack.errors import UserError
 from rigstack.profiles import Profile, load_profile
@@ -99,6 +98,89 @@ class RunRecord:
 class Launched:
     record: RunRecord
     stage_s: dict[str, float]  # seconds from start until each stage passed
+
+
+# -- what a launch reports while it runs (rendered by rigstack/output/launch.py) -------------------------------------
+@dataclass(frozen=True)
+class WaitStarted:
+    record: RunRecord
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One poll of the staged wait: the stage not passed yet and the server log's newest line."""
+
+    stage: str
+    log_line: str
+
+
+@dataclass(frozen=True)
+class StagePassed:
+    stage: str
+    after_s: float
+
+
+@dataclass(frozen=True)
+class WaitEnded:
+    """The wait is over, passed or not (a live display of it can go)."""
+
+    record: RunRecord
+
+
+@dataclass(frozen=True)
+class Died:
+    """The server exited during the wait: the last lines of its log."""
+
+    log: str
+    tail: str
+
+
+@dataclass(frozen=True)
+class Killing:
+    """The group outlived SIGTERM's grace period and gets SIGKILL."""
+
+    pgid: int
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class DryRun:
+    """--dry-run: the launch as shell commands, nothing started."""
+
+    commands: str
+
+
+@dataclass(frozen=True)
+class Forced:
+    """Preflight failed and --force starts anyway."""
+
+
+@dataclass(frozen=True)
+class Ready:
+    url: str
+    served_name: str
+    record: RunRecord
+
+
+@dataclass(frozen=True)
+class Serving:
+    """Everything answers; how to stop it."""
+
+    stop_hint: str
+
+
+@dataclass(frozen=True)
+class Stopped:
+    count: int
+    run_dir: Path
+
+
+Event = WaitStarted | Waiting | StagePassed | WaitEnded | Died | Killing | DryRun | Forced | Ready | Serving | Stopped
+OnEvent = Callable[[Event], None]
+
+
+def quiet(event: Event) -> None:
+    """The default on_event: library callers and tests that watch nothing."""
 
 
 class ServerDied(UserError):
@@ -253,32 +335,20 @@ def _died(process: subprocess.Popen[bytes], record: RunRecord, stage: str) -> Se
                       tail, cause, process.returncode)
 
 
-class _BootProgress(Progress):
-    """The staged progress with the server log's newest line under it: a boot takes minutes, and the log says
-    what it is doing (loading shard 12 of 40, compiling, capturing graphs)."""
-
-    log_line = ""
-
-    def get_renderables(self) -> Iterable[RenderableType]:
-        yield self.make_tasks_table(self.tasks)
-        if self.log_line:
-            yield Text(f"  {self.log_line}", style="dim", no_wrap=True, overflow="ellipsis")
-
-
-def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: float) -> dict[str, float]:
-    """Walk the stages in order; returns seconds since start at which each passed."""
+def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: float,
+               on_event: OnEvent = quiet) -> dict[str, float]:
+    """Walk the stages in order; returns seconds since start at which each passed. Every poll is reported, with
+    the log's newest line: a boot takes minutes, and the log says what it is doing (loading shard 12 of 40)."""
     server = Server(Endpoint(record.url, record.served_name), timeout_s=REQUEST_TIMEOUT_S)
     began = time.monotonic()
     passed: dict[str, float] = {}
-    console.print(f"server log: {record.log}", markup=False)
-    with _BootProgress(SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn(),
-                       console=console, transient=True) as progress:
+    on_event(WaitStarted(record))
+    try:
         for stage, probe in STAGES:
-            task = progress.add_task(f"waiting for {stage}")
             while True:
                 if process.poll() is not None:
                     raise _died(process, record, stage)
-                progress.log_line = log_tail(Path(record.log), 1)
+                on_event(Waiting(stage, log_tail(Path(record.log), 1)))
                 if probe(server):
                     break
                 if time.monotonic() - began > timeout_s:
@@ -287,22 +357,23 @@ def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: f
                                     "loading")
                 time.sleep(POLL_S)
             passed[stage] = round(time.monotonic() - began, 2)
-            progress.remove_task(task)
-            console.print(f"[green]ok[/] {stage} after {passed[stage]:.1f} s")
+            on_event(StagePassed(stage, passed[stage]))
+    finally:
+        on_event(WaitEnded(record))
     return passed
 
 
 def launch(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
-           timeout_s: float, container: str | None = None) -> Launched:
+           timeout_s: float, container: str | None = None, on_event: OnEvent = quiet) -> Launched:
     """Start the server and wait until it answers a completion; on any failure stop it before raising."""
     process, record = start(argv, env, run_dir, url=url, served_name=served_name, container=container)
     try:
-        stage_s = wait_ready(process, record, timeout_s)
+        stage_s = wait_ready(process, record, timeout_s, on_event)
     except BaseException as error:
-        end(record)
+        end(record, on_event=on_event)
         process.wait()
         if isinstance(error, ServerDied):
-            console.print(f"--- last lines of {record.log} ---\n{error.tail}\n---", markup=False, style="dim")
+            on_event(Died(record.log, error.tail))
         raise
     return Launched(record, stage_s)
 
@@ -337,20 +408,20 @@ def _wait_gone(record: RunRecord, seconds: float) -> bool:
     return _group_gone(record)
 
 
-def stop(run_dir: Path, grace_s: float = 30.0) -> bool:
+def stop(run_dir: Path, grace_s: float = 30.0, on_event: OnEvent = quiet) -> bool:
     """End what launch() started in run_dir: SIGTERM to its group, SIGKILL after grace_s."""
     record = running(run_dir)
-    return record is not None and end(record, grace_s)
+    return record is not None and end(record, grace_s, on_event)
 
 
-def end(record: RunRecord, grace_s: float = 30.0) -> bool:
+def end(record: RunRecord, grace_s: float = 30.0, on_event: OnEvent = quiet) -> bool:
     """End one recorded server. Only its group is signalled, and only while its leader is the recorded process
     (or the group still exists); False when nothing of it runs."""
     if not _live_members(record):
         return False
     _signal_group(record, signal.SIGTERM)
     if not _wait_gone(record, grace_s):
-        console.print(f"[yellow]server group {record.pgid} ignored SIGTERM for {grace_s:.0f} s; sending SIGKILL[/]")
+        on_event(Killing(record.pgid, grace_s))
         _signal_group(record, signal.SIGKILL)
         _wait_gone(record, 10.0)
     if record.container:
@@ -411,7 +482,7 @@ def format_command(argv: Sequence[str], env: dict[str, str]) -> str:
 
 
 def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: Path | None = None,
-                  dry_run: bool = False, force: bool = False) -> int:
+                  dry_run: bool = False, force: bool = False, on_event: OnEvent = quiet) -> int:
     """Preflight, then start the profile's server(s) and wait for each; they keep running after this returns.
     Replicas start one after another, each once the one before answers (they must not load at the same time)."""
     from rigstack.preflight.runner import EXIT_FAIL, run_preflight
@@ -421,10 +492,10 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
     if profile.hosts:
         from rigstack.multinode import serve_hosts  # one engine across hosts on Ray
 
-        return serve_hosts(profile_name, run_dir=run_dir, model=model, dry_run=dry_run)
+        return serve_hosts(profile_name, run_dir=run_dir, model=model, dry_run=dry_run, on_event=on_event)
     units = with_router(profile, planned_units(profile, model, run_dir), run_dir)
     if dry_run:
-        print("\n\n".join(format_command(unit.argv, unit.env) for unit in units))
+        on_event(DryRun("\n\n".join(format_command(unit.argv, unit.env) for unit in units)))
         return 0
     stop_hint = STOP_HINT + ("" if run_dir == DEFAULT_RUN_DIR else f" --run-dir {run_dir}")
     for unit in units:
@@ -434,35 +505,34 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
             raise UserError(f"preflight failed for profile {profile.name} (FAIL lines above); fix them, or "
                             f"`python scripts/run_prod.py --profile {profile_name} --force` to start anyway",
                             exit_code=EXIT_FAIL)
-        console.print("[yellow]preflight failed; starting anyway (--force)[/]")
+        on_event(Forced())
     started: list[RunRecord] = []
     try:
         for unit in units:
             launched = launch(unit.argv, unit.env, unit.run_dir, url=unit.url, served_name=profile.model.served_name,
-                              timeout_s=profile.health_timeout_s, container=unit.container)
+                              timeout_s=profile.health_timeout_s, container=unit.container, on_event=on_event)
             started.append(launched.record)
-            console.print(Text.assemble(("ready", "green"), f" {unit.url} serves {profile.model.served_name!r} "
-                                        f"(pid {launched.record.pid}, log {launched.record.log})"))
+            on_event(Ready(unit.url, profile.model.served_name, launched.record))
     except BaseException:
         for record in started:  # a half-started set of replicas is no use; what others started is not ours
-            end(record)
+            end(record, on_event=on_event)
         raise
-    console.print(f"stop with `{stop_hint}`", markup=False)
+    on_event(Serving(stop_hint))
     return 0
 
 
-def stop_all(run_dir: Path) -> int:
+def stop_all(run_dir: Path, on_event: OnEvent = quiet) -> int:
     """Stop the router, the server recorded in run_dir and those in its replica-N folders; how many were running.
     The router goes first, so that no request is sent to a replica being stopped."""
     from rigstack.replicas import ROUTER_DIR
 
     folders = [run_dir / ROUTER_DIR, run_dir, *sorted(run_dir.glob("replica-*")), *sorted(run_dir.glob("ray-*"))]
-    return sum(stop(folder) for folder in folders)
+    return sum(stop(folder, on_event=on_event) for folder in folders)
 
 
-def stop_run(run_dir: Path = DEFAULT_RUN_DIR) -> int:
-    stopped = stop_all(run_dir)
+def stop_run(run_dir: Path = DEFAULT_RUN_DIR, on_event: OnEvent = quiet) -> int:
+    stopped = stop_all(run_dir, on_event)
     if stopped:
-        console.print(f"stopped {stopped} server(s) recorded in {run_dir}", markup=False)
+        on_event(Stopped(stopped, run_dir))
         return 0
     raise UserError(f"no running server is recorded in {run_dir}; pass the --run-dir it was started with")

@@ -240,14 +240,14 @@ def dry_run_text(profile: Profile, remote: Remote, *, model: Path | None, python
 
 def serve_hosts(profile_name: str, *, run_dir: Path = launch.DEFAULT_RUN_DIR, model: Path | None = None,
                 dry_run: bool = False, remote: Remote = ssh, python: str = sys.executable,
-                ray: str | None = None) -> int:
+                ray: str | None = None, on_event: launch.OnEvent = launch.quiet) -> int:
     """Every host runs the same venv at the same path as this one (the stamp check proves it is the same stack)."""
     ray = ray or str(Path(python).parent / "ray")
     profile = load_profile(profile_name)
     if not profile.hosts:
         raise UserError(f"profile {profile.name} lists no hosts:; start it with scripts/run_prod.py")
     if dry_run:
-        print(dry_run_text(profile, remote, model=model, python=python, ray=ray))
+        on_event(launch.DryRun(dry_run_text(profile, remote, model=model, python=python, ray=ray)))
         return 0
     launch.refuse_if_serving(run_dir, f"{launch.STOP_HINT} --run-dir {run_dir}")
     compare_facts(profile, host_facts(profile, remote, python))
@@ -256,9 +256,9 @@ def serve_hosts(profile_name: str, *, run_dir: Path = launch.DEFAULT_RUN_DIR, mo
     try:
         launch.launch(remote(serve.host, _with_env(serve.argv, serve.env)), {}, run_dir,
                       url=launch._probe_url(serve.host.address, profile.port),
-                      served_name=profile.model.served_name, timeout_s=profile.health_timeout_s)
+                      served_name=profile.model.served_name, timeout_s=profile.health_timeout_s, on_event=on_event)
     except BaseException:
         for record in reversed(records):
-            launch.end(record)
+            launch.end(record, on_event=on_event)
         raise
     return 0

@@ -18,9 +18,10 @@ app = typer.Typer(add_completion=False, help=__doc__.splitlines()[0], pretty_exc
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
 def main(ctx: typer.Context, profile: str = typer.Option("cpu-tiny", help="profile name or YAML path"),
          runs: int = typer.Option(5, min=1, help="timed runs after the first")) -> None:
+    from rigstack.output.preflight import show_timing
     from rigstack.preflight.bench import bench_preflight
 
-    raise typer.Exit(bench_preflight(profile, runs, list(ctx.args)))
+    show_timing(bench_preflight(profile, runs, list(ctx.args)))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ from rich.console import Console
 
 from rigstack import launch
 from rigstack.errors import UserError
+from rigstack.output import launch as launch_output
 from testing.net import free_port
 
 FAKE_SERVER = r'''
@@ -75,11 +76,13 @@ def fake(tmp_path: Path):
     run_dir = tmp_path / "run"
     started: list[Path] = []
 
-    def start(mode: str, timeout_s: float = 30.0, name: str = "tiny") -> launch.Launched:
+    def start(mode: str, timeout_s: float = 30.0, name: str = "tiny",
+              on_event: launch.OnEvent = launch.quiet) -> launch.Launched:
         port = free_port()
         started.append(run_dir)
         return launch.launch([sys.executable, str(script), mode, str(port), name], {"FAKE": "1"}, run_dir,
-                             url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=timeout_s)
+                             url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=timeout_s,
+                             on_event=on_event)
 
     start.run_dir = run_dir
     yield start
@@ -158,9 +161,9 @@ def test_a_second_launch_into_a_busy_run_dir_is_refused(fake) -> None:
 
 def test_the_boot_shows_the_log_s_last_line_live_and_where_the_log_is(fake, monkeypatch: pytest.MonkeyPatch) -> None:
     screen = io.StringIO()
-    monkeypatch.setattr(launch, "console", Console(file=screen, force_terminal=True, force_interactive=True,
-                                                   width=200, highlight=False, no_color=True))
-    launched = fake("slow")
+    monkeypatch.setattr(launch_output, "console", Console(file=screen, force_terminal=True, force_interactive=True,
+                                                          width=200, highlight=False, no_color=True))
+    launched = fake("slow", on_event=launch_output.LaunchView())
     shown = screen.getvalue()
     assert f"server log: {launched.record.log}" in shown
     assert "loading weights: shard 1 of 2" in shown  # the newest log line, while /health still fails

@@ -30,3 +30,22 @@ def test_free_port_is_defined_once() -> None:
     places = [path.relative_to(REPO_ROOT) for path in [*TESTS, *(REPO_ROOT / "testing").rglob("*.py")]
               if re.search(r"^def _?free_port\(", path.read_text(), re.MULTILINE)]
     assert places == [Path("testing/net.py")], places
+
+
+# Issue 12 item 5: library functions return data (or report events to a callable the command passes in); only the
+# rendering modules, the commands and the top-level wrapper write to the terminal.
+RENDERERS = ("rigstack/output/", "rigstack/commands/", "rigstack/cli.py", "rigstack/main.py")
+
+
+def _print_calls(path: Path) -> list[int]:
+    """Lines that call print(...) or SOMETHING.print(...) (a rich console, however it is named)."""
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)
+            and (isinstance(node.func, ast.Name) and node.func.id == "print"
+                 or isinstance(node.func, ast.Attribute) and node.func.attr == "print")]
+
+
+def test_only_the_rendering_modules_print() -> None:
+    library = [path for path in sorted((REPO_ROOT / "rigstack").rglob("*.py"))
+               if not str(path.relative_to(REPO_ROOT)).startswith(RENDERERS)]
+    wrong = [f"{path.relative_to(REPO_ROOT)}:{line}" for path in library for line in _print_calls(path)]
+    assert not wrong, wrong

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import SwapView, show_published
 from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import bang, swap
 
@@ -27,7 +28,7 @@ def run(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile 
         out: Out = None) -> int:
     """Probe one running server."""
     return bang.main(Target(url, model, api_key_env, profile, package, timeout), prompt, max_tokens, repeats,
-                     vocab_size, tol, out)
+                     vocab_size, tol, out, show_published)
 
 
 @app.command("swap")
@@ -45,5 +46,5 @@ def swap_cmd(url: Url, model: Model,
              out: Out = None) -> int:
     """Boot, probe and stop twice (baseline order, then two devices swapped); say whether the fault follows the card."""
     return swap.main(Target(url, model, api_key_env, profile, None, timeout), devices, swap_pair, serve_cmd,
-                     dry_run, prompt, max_tokens, repeats, vocab_size, tol, ready_timeout, out)
+                     dry_run, prompt, max_tokens, repeats, vocab_size, tol, ready_timeout, out, SwapView())
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import show_published
 from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import bench
 
@@ -24,5 +25,5 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
          out: Out = None) -> int:
     return bench.main(Target(url, model, api_key_env, profile, package, timeout), workload, max_tokens, fixed,
-                      repeats, warmup, out)
+                      repeats, warmup, out, show_published)
 

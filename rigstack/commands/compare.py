@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import show_comparison
 from rigstack.probes.compare import compare_files
 
 app = typer.Typer(add_completion=False)
@@ -18,5 +19,7 @@ def main(a: Annotated[Path, typer.Argument(help="baseline result JSON")],
          b: Annotated[Path, typer.Argument(help="candidate result JSON")],
          tol: Annotated[list[str], typer.Option(help="relative tolerance: 0.05, or NAME=0.2 / '*.ttft_ms=0.3' per "
                                                      "metric (glob); repeat")] = []) -> int:
-    return compare_files(a, b, tol)
+    comparison = compare_files(a, b, tol)
+    show_comparison(comparison)
+    return comparison.exit_code
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import show_published
 from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import conc
 
@@ -28,5 +29,5 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          warmup: Annotated[int, typer.Option(help="untimed requests first")] = 1,
          out: Out = None) -> int:
     return conc.main(Target(url, model, api_key_env, profile, package, timeout), levels, rates, requests, workload,
-                     max_tokens, fixed, interval, seed, warmup, out)
+                     max_tokens, fixed, interval, seed, warmup, out, show_published)
 

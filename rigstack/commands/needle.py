@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import show_published
 from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import needle
 
@@ -22,5 +23,5 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          out: Out = None) -> int:
     return needle.main(Target(url, model, api_key_env, profile, package, timeout),
                        [int(x) for x in lengths.split(",") if x.strip()],
-                       [float(x) for x in depths.split(",") if x.strip()], seed, out)
+                       [float(x) for x in depths.split(",") if x.strip()], seed, out, show_published)
 

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.output.probes import show_published
 from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import qual
 
@@ -19,5 +20,5 @@ def main(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile
          group: Annotated[list[str], typer.Option(help="arithmetic | json | agent; repeat; default all")] = [],
          max_tokens: Annotated[int, typer.Option(help="answer budget per item")] = 1024,
          out: Out = None) -> int:
-    return qual.main(Target(url, model, api_key_env, profile, package, timeout), group, max_tokens, out)
+    return qual.main(Target(url, model, api_key_env, profile, package, timeout), group, max_tokens, out, show_published)
 

@@ -13,6 +13,7 @@ from typing import Annotated
 import typer
 
 from rigstack.launch import DEFAULT_RUN_DIR, serve_profile, stop_run
+from rigstack.output.launch import LaunchView
 from rigstack.profiles import DEFAULT_PROFILE
 
 app = typer.Typer(add_completion=False, help=__doc__.splitlines()[0])
@@ -28,12 +29,12 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="start even when preflig
 def serve(profile: ProfileOpt = DEFAULT_PROFILE, model: ModelOpt = None, run_dir: RunDirOpt = DEFAULT_RUN_DIR,
           dry_run: DryRunOpt = False, force: ForceOpt = False) -> int:
     """Start a profile's server (preflight first) and wait until it answers."""
-    return serve_profile(profile, run_dir=run_dir, model=model, dry_run=dry_run, force=force)
+    return serve_profile(profile, run_dir=run_dir, model=model, dry_run=dry_run, force=force, on_event=LaunchView())
 
 
 def stop(run_dir: RunDirOpt = DEFAULT_RUN_DIR) -> int:
     """End the server that run_prod started (SIGTERM to its process group, SIGKILL after 30 s)."""
-    return stop_run(run_dir)
+    return stop_run(run_dir, LaunchView())
 
 
 @app.callback(invoke_without_command=True)

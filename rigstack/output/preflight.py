@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rigstack import output
+from rigstack.preflight.bench import TARGET_S, PreflightTiming
 from rigstack.preflight.core import Result, Status
 from rigstack.preflight.nvml import GpuScan
 from rigstack.preflight.runner import PreflightReport
@@ -51,3 +52,17 @@ def print_fits(gpus: GpuScan, rows: list[tuple[Profile, Result]], as_json: bool)
 
 def print_text(text: str) -> None:
     output.stdout.print(text, markup=False, end="")
+
+
+def show_timing(timing: PreflightTiming) -> None:
+    """scripts/bench_preflight.py: the two settings side by side, then the headline against the target."""
+    table = Table(title=f"python preflight.py {' '.join(timing.args)}  ({timing.runs} runs each)", title_justify="left")
+    for column in ("setting", "first run s", "median wall s", "median CPU s", f"wall vs {TARGET_S:.1f} s target"):
+        table.add_column(column, justify="right")
+    for setting in timing.settings:
+        table.add_row(setting.name, f"{setting.first_s:.2f}", f"{setting.wall_s:.2f}", f"{setting.cpu_s:.2f}",
+                      f"{setting.wall_s / TARGET_S:.2f}x")
+    output.stdout.print(table)
+    verdict = "meets" if timing.headline_s < TARGET_S else "MISSES"
+    output.stdout.print(f"median {timing.headline_s:.2f} s {verdict} the {TARGET_S:.1f} s target (preflight exit code "
+                        f"{timing.exit_code}; {timing.cpus} CPUs, load average {timing.load:.1f})")

@@ -81,18 +81,3 @@ def plan_dict(profile: str, **overrides: Any) -> dict[str, Any]:
 
 def default_png(profile: str) -> Path:
     return REPO_ROOT / "results" / "plan" / f"{Path(profile).stem}.png"
-
-
-def run_plan(profile: str, overrides: dict[str, Any], as_json: bool, png: Path | None) -> int:
-    """`preflight.py plan`: the plan as text (or JSON) on stdout and a PNG; exit 2 when vLLM would refuse."""
-    from rigstack.planner import report
-
-    result = plan_dict(profile, **overrides)
-    picture = report.write_png(result, png or default_png(profile))
-    result["png"] = str(picture)
-    if as_json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(report.text(result))
-        print(f"chart: {picture}")
-    return 0 if result["starts"] else 2

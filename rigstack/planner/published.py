@@ -112,20 +112,11 @@ def fit() -> tuple[Reserve, float]:
 
 
 def main(argv: list[str]) -> int:
+    """This module's entry point: the rows here, their table in rigstack/output/planner.py."""
+    from rigstack.output.planner import show_published
+
     reserve, util = fit() if "--fit" in argv else (RESERVE, _SEED001_UTIL)
-    print(f"reserve: {reserve}; seed 001 utilisation {util}")
-    print("| case | published | planned | ratio | binding stage | vLLM starts | the pin, drafter KV in the pool |")
-    print("|---|---:|---:|---:|---:|---|---|")
-    for row in table(reserve, util):
-        about = "about " if row["approximate"] else ""
-        mark = f" (fit: {row['fit']})" if row["fit"] else ""
-        what = f" ({row['compared']})" if row["compared"] else ""
-        own = " (drafter KV apart)" if row["drafter_kv"] == "own" else ""
-        verdict = "starts" if row["pin_starts"] else "refused"
-        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {verdict}"
-               if row["drafter_kv"] == "own" else "the same")
-        print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
-              f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
+    show_published(reserve, util, table(reserve, util))
     return 0
 
 

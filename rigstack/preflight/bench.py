@@ -11,15 +11,36 @@ import statistics
 import subprocess
 import sys
 import time
-
-from rich.console import Console
-from rich.table import Table
+from dataclasses import dataclass
 
 from rigstack.cache import cache_dir
 from rigstack.versions import REPO_ROOT
 
 TARGET_S = 2.0
-out = Console(highlight=False)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    first_s: float  # the untimed run that fills the caches
+    wall_s: float  # medians of the timed runs
+    cpu_s: float
+
+
+@dataclass(frozen=True)
+class PreflightTiming:
+    """What bench_preflight measured (rigstack/output/preflight.py shows it); the headline is the cached setting."""
+
+    args: list[str]
+    runs: int
+    settings: list[Setting]
+    exit_code: int  # preflight's own, of the last run
+    cpus: int | None
+    load: float
+
+    @property
+    def headline_s(self) -> float:
+        return self.settings[0].wall_s
 
 
 def _env(bytecode: bool) -> dict[str, str]:
@@ -44,7 +65,7 @@ def _once(args: list[str], env: dict[str, str]) -> tuple[float, float, int]:
     return wall, cpu, done.returncode
 
 
-def bench_preflight(profile: str, runs: int = 5, extra: list[str] | None = None) -> int:
+def bench_preflight(profile: str, runs: int = 5, extra: list[str] | None = None) -> PreflightTiming:
     """One untimed run per setting fills the caches (vLLM's flags, bytecode); then `runs` timed runs of each."""
     args = ["--profile", profile, *(extra or [])]
     settings = {"with bytecode cache": _env(True), "without bytecode cache": _env(False)}
@@ -54,18 +75,6 @@ def bench_preflight(profile: str, runs: int = 5, extra: list[str] | None = None)
         for name, env in settings.items():
             wall, cpu, code = _once(args, env)
             timings[name].append((wall, cpu))
-    table = Table(title=f"python preflight.py {' '.join(args)}  ({runs} runs each)", title_justify="left")
-    for column in ("setting", "first run s", "median wall s", "median CPU s", "wall vs 2.0 s target"):
-        table.add_column(column, justify="right")
-    medians = {}
-    for name, values in timings.items():
-        wall = statistics.median(v[0] for v in values)
-        medians[name] = wall
-        table.add_row(name, f"{first[name][0]:.2f}", f"{wall:.2f}", f"{statistics.median(v[1] for v in values):.2f}",
-                      f"{wall / TARGET_S:.2f}x")
-    out.print(table)
-    headline = medians["with bytecode cache"]
-    verdict = "meets" if headline < TARGET_S else "MISSES"
-    out.print(f"median {headline:.2f} s {verdict} the {TARGET_S:.1f} s target (preflight exit code {code}; "
-              f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f})")
-    return 0
+    measured = [Setting(name, first[name][0], statistics.median(v[0] for v in values),
+                        statistics.median(v[1] for v in values)) for name, values in timings.items()]
+    return PreflightTiming(args, runs, measured, code, os.cpu_count(), os.getloadavg()[0])

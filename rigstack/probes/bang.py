@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rigstack.client import Reply, Server
 from rigstack.errors import UserError
-from rigstack.probes.cli import Target, default_out, publish, requests_failed
+from rigstack.probes.cli import Show, Target, default_out, publish, requests_failed
 from rigstack.probes.measure import check_fits
 from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
@@ -152,9 +152,9 @@ def exit_code(result: Result) -> int:
 
 
 def main(target: Target, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
-         out: Path | None) -> int:
+         out: Path | None, show: Show) -> int:
     server = target.server()
     result = run_bang(server, prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol, target.profile,
                       target.package)
-    publish(result, default_out("bang", out), server)
+    show(publish(result, default_out("bang", out), server))
     return exit_code(result)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rigstack.client import Server
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, mean, provenance
 
 MIN_TOKENS_NOTE = ("output length pinned with min_tokens: the model is kept from stopping, which inflates "
@@ -115,9 +115,9 @@ def run_bench(server: Server, workloads: list[str], max_tokens: int, fixed: meas
 
 
 def main(target: Target, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
-         warmup: int, out: Path | None) -> int:
+         warmup: int, out: Path | None, show: Show) -> int:
     server = target.server()
     result = run_bench(server, workloads, max_tokens, fixed, repeats, warmup, target.profile, target.package)
-    publish(result, default_out("bench", out), server)
+    show(publish(result, default_out("bench", out), server))
     dead = [row for row in result.rows if row["failed"] == row["requests"]]
     return fail_if_unmeasured([f"workload {row['workload']}" for row in dead], dead[0]["first_error"] if dead else None)

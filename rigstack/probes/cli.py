@@ -9,9 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from rigstack.cli import console
 from rigstack.client import Endpoint, Server, api_key_from_env
 from rigstack.errors import UserError
 from rigstack.probes.results import Result, redacted, write_result
@@ -51,21 +49,22 @@ def default_out(kind: str, out: Path | None) -> Path:
     return out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
 
 
-def publish(result: Result, out: Path, server: Server, plot: Callable[[Result, Path], None] | None = None) -> None:
-    """Write the result files and show its metrics and notes (on stderr: stdout stays free for pipes); the
-    server's credentials are blanked in everything written or shown."""
+@dataclass(frozen=True)
+class Published:
+    """A probe's result as written and shown (the server's credentials blanked) and the files it went to."""
+
+    result: Result
+    written: list[Path]
+
+
+# How a probe's command shows a published result (rigstack/output/probes.py: show_published).
+Show = Callable[[Published], None]
+
+
+def publish(result: Result, out: Path, server: Server, plot: Callable[[Result, Path], None] | None = None) -> Published:
+    """Write the result files; the server's credentials are blanked in everything written and returned to show."""
     shown = redacted(result, server.endpoint.secrets)
-    written = write_result(shown, out, plot)
-    table = Table(title=f"{shown.kind} @ {shown.provenance.url} ({shown.provenance.model})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for name, metric in shown.metrics.items():
-        value = "-" if metric.value is None else f"{metric.value:.4g} {metric.unit}".strip()
-        table.add_row(name, value)
-    console.print(table)
-    for note in shown.notes:  # server text may hold brackets: never read as markup
-        console.print(f"note: {note}", markup=False)
-    console.print("wrote " + ", ".join(str(path) for path in written), markup=False)
+    return Published(shown, write_result(shown, out, plot))
 
 
 def requests_failed(what: str, error: str | None) -> UserError:

@@ -7,9 +7,6 @@ import fnmatch
 from dataclasses import dataclass
 from pathlib import Path
 
-from rich.table import Table
-
-from rigstack.cli import console
 from rigstack.errors import UserError
 from rigstack.probes import fidelity
 from rigstack.probes.results import Metric, Result, load_result
@@ -78,30 +75,31 @@ def compare(a: Result, b: Result, tolerances: Tolerances) -> tuple[list[tuple[st
     return rows, gate
 
 
-def _fmt(metric: Metric | None) -> str:
-    if metric is None or metric.value is None:
-        return "-"
-    return f"{metric.value:.4g} {metric.unit}".strip()
+@dataclass(frozen=True)
+class Comparison:
+    """Two result files side by side: per metric (name, A, B, why B regresses or ""), and the fidelity gate."""
+
+    kind: str
+    path_a: Path
+    path_b: Path
+    tolerances: Tolerances
+    rows: list[tuple[str, Metric, Metric | None, str]]
+    gate: fidelity.Fidelity | None
+
+    @property
+    def regressions(self) -> list[str]:
+        found = [f"{name} {why}" for name, _, _, why in self.rows if why]
+        if self.gate is not None and not self.gate.passed:
+            found.append(f"fidelity: {self.gate.problems[0]}")
+        return found
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_REGRESSION if self.regressions else 0
 
 
-def compare_files(path_a: Path, path_b: Path, tol_specs: list[str]) -> int:
+def compare_files(path_a: Path, path_b: Path, tol_specs: list[str]) -> Comparison:
     tolerances = parse_tolerances(tol_specs)
     a, b = load_result(path_a), load_result(path_b)
     rows, gate = compare(a, b, tolerances)
-    table = Table(title=f"{a.kind}: A={path_a.name} B={path_b.name}")
-    for column in ("metric", "A", "B", "tol", "verdict"):
-        table.add_column(column)
-    for name, metric, other, why in rows:
-        table.add_row(name, _fmt(metric), _fmt(other), f"{tolerances.of(name):g}",
-                      f"[red]REGRESSION: {why}[/]" if why else "ok")
-    console.print(table)
-    regressions = [f"{name} {why}" for name, _, _, why in rows if why]
-    if gate is not None:
-        console.print(gate.summary())
-        if not gate.passed:
-            regressions.append(f"fidelity: {gate.problems[0]}")
-    if regressions:
-        console.print(f"[bold red]{len(regressions)} regression(s):[/] {'; '.join(regressions[:3])}")
-        return EXIT_REGRESSION
-    console.print(f"no regression ({len(rows)} metrics)")
-    return 0
+    return Comparison(a.kind, path_a, path_b, tolerances, rows, gate)

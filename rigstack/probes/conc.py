@@ -18,7 +18,7 @@ import httpx
 from rigstack.client import Reply, Server
 from rigstack.errors import UserError
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, mean, percentiles, provenance
 
 CHAT = "/v1/chat/completions"
@@ -269,13 +269,14 @@ def parse_list(text: str, kind: type, option: str) -> list:
 
 
 def main(target: Target, levels: str, rates: str, requests: int, workload: str, max_tokens: int,
-         fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, out: Path | None) -> int:
+         fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, out: Path | None,
+         show: Show) -> int:
     """levels/rates as typed on the command line; levels default to 1,2,4,8 when neither is given."""
     rate_list = parse_list(rates, float, "--rates")
     level_list = parse_list(levels or ("" if rate_list else "1,2,4,8"), int, "--levels")
     server = target.server()
     result = run_conc(server, level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
                       warmup, target.profile, target.package)
-    publish(result, default_out("conc", out), server, plot_conc)
+    show(publish(result, default_out("conc", out), server, plot_conc))
     dead = [row for row in result.rows if not row["ok"]]
     return fail_if_unmeasured([row["level"] for row in dead], dead[0]["first_error"] if dead else None)

@@ -13,7 +13,7 @@ from pathlib import Path
 from rigstack.client import Server
 from rigstack.errors import UserError
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
 # Bland, varied filler: the needle must not be the only sentence with a number in it.
@@ -131,10 +131,11 @@ def plot_needle(result: Result, path: Path) -> None:
     plt.close(fig)
 
 
-def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path | None) -> int:
+def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path | None,
+         show: Show) -> int:
     server = target.server()
     result = run_needle(server, lengths, depths, seed, target.profile, target.package)
-    publish(result, default_out("needle", out), server, plot_needle)
+    show(publish(result, default_out("needle", out), server, plot_needle))
     tried = [row for row in result.rows if row["status"] != "skipped"]
     dead = bool(tried) and all(row["status"] == "error" for row in tried)
     return fail_if_unmeasured(["the needle grid"] if dead else [], tried[0]["answer"] if dead else None)

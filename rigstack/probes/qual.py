@@ -18,7 +18,7 @@ from typing import Any
 
 from rigstack.client import Reply, Server
 from rigstack.probes import measure
-from rigstack.probes.cli import Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, provenance
 
 Check = Callable[[Reply], str | None]  # None = pass, else why it failed
@@ -212,10 +212,10 @@ def run_qual(server: Server, groups: list[str], max_tokens: int, profile: str | 
                   notes=notes)
 
 
-def main(target: Target, groups: list[str], max_tokens: int, out: Path | None) -> int:
+def main(target: Target, groups: list[str], max_tokens: int, out: Path | None, show: Show) -> int:
     server = target.server()
     result = run_qual(server, groups, max_tokens, target.profile, target.package)
-    publish(result, default_out("qual", out), server)
+    show(publish(result, default_out("qual", out), server))
     failed = [row for row in result.rows if not row["answered"]]
     dead = bool(failed) and len(failed) == len(result.rows)
     return fail_if_unmeasured(["the quality items"] if dead else [], failed[0]["why"] if dead else None)

@@ -9,15 +9,15 @@ pipeline stage), so a fault that stays is consistent with the card but is not pr
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from rigstack import launch, render
-from rigstack.cli import console
 from rigstack.client import Server
 from rigstack.errors import UserError
 from rigstack.probes.bang import DEFAULT_PROMPT, failures, is_suspect, run_bang
-from rigstack.probes.cli import Target, default_out, publish
+from rigstack.probes.cli import Published, Target, default_out, publish
 from rigstack.probes.results import Result
 from rigstack.profiles import load_profile, model_dir
 
@@ -37,6 +37,24 @@ class SwapPlan:
     def orders(self) -> tuple[tuple[str, str], tuple[str, str]]:
         swapped = [self.other if d == self.suspect else self.suspect if d == self.other else d for d in self.devices]
         return ("baseline", ",".join(self.devices)), ("swapped", ",".join(swapped))
+
+
+@dataclass(frozen=True)
+class Planned:
+    """What the swap will do (describe's lines), before anything starts; dry_run: nothing will."""
+
+    lines: list[str]
+    dry_run: bool
+
+
+@dataclass(frozen=True)
+class Verdict:
+    text: str
+
+
+# What a swap reports, in order: its plan, each boot's wait (launch's events), each result, the verdict.
+Event = Planned | launch.Event | Published | Verdict
+OnEvent = Callable[[Event], None]
 
 
 def make_plan(devices: str, swap: str) -> SwapPlan:
@@ -97,42 +115,39 @@ def describe(plan: SwapPlan, argv: list[str], env: dict[str, str], url: str) -> 
 
 def run_swap(plan: SwapPlan, argv: list[str], env: dict[str, str], server: Server, prompts: list[str],
              max_tokens: int, repeats: int, vocab_size: int | None, tol: float, ready_timeout_s: float,
-             run_root: Path) -> list[Result]:
+             run_root: Path, on_event: launch.OnEvent = launch.quiet) -> list[Result]:
     """Boot, probe and stop once per order; both probe results."""
     results = []
     for label, order in plan.orders:
         run_dir = run_root / f"swap-{label}"
         overlay = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": order}
         launch.launch(argv, overlay, run_dir, url=server.endpoint.base, served_name=server.endpoint.model,
-                      timeout_s=ready_timeout_s)
+                      timeout_s=ready_timeout_s, on_event=on_event)
         try:
             results.append(run_bang(server, prompts, max_tokens, repeats, vocab_size, tol, None, None))
         finally:
-            launch.stop(run_dir)
+            launch.stop(run_dir, on_event=on_event)
     return results
 
 
 def main(target: Target, devices: str, swap: str, serve_cmd: str | None, dry_run: bool, prompts: list[str],
          max_tokens: int, repeats: int, vocab_size: int | None, tol: float, ready_timeout_s: float,
-         out: Path | None) -> int:
+         out: Path | None, on_event: OnEvent) -> int:
     plan = make_plan(devices, swap)
     argv, env = serve_argv(serve_cmd, target.profile, build=not dry_run)
-    for line in describe(plan, argv, env, target.url):
-        console.print(line, markup=False)
+    on_event(Planned(describe(plan, argv, env, target.url), dry_run))
     if dry_run:
-        console.print("dry run: nothing started")
         return 0
     out = default_out("swap", out)
     server = target.server()
     results = run_swap(plan, argv, env, server, prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol,
-                       ready_timeout_s, out.resolve().parent)
+                       ready_timeout_s, out.resolve().parent, on_event)
     for (label, _), result in zip(plan.orders, results):
-        publish(result, out.with_name(f"{out.name}-{label}"), server)
+        on_event(publish(result, out.with_name(f"{out.name}-{label}"), server))
     # A run whose requests failed proves nothing either way: say so rather than read it as a fault.
     for (label, _), result in zip(plan.orders, results):
         error = failures(result, f"the {label} run")
         if error and not is_suspect(result):
             raise error
-    console.print(f"verdict: {verdict(plan, not is_suspect(results[0]), not is_suspect(results[1]))}",
-                  markup=False)
+    on_event(Verdict(verdict(plan, not is_suspect(results[0]), not is_suspect(results[1]))))
     return 0

@@ -23,7 +23,7 @@ def _write(tmp_path: Path, name: str, **changes: tuple[float | None, str]) -> Pa
 
 def test_same_result_passes(tmp_path: Path) -> None:
     a = _write(tmp_path, "a")
-    assert compare_files(a, a, []) == 0
+    assert compare_files(a, a, []).exit_code == 0
 
 
 @pytest.mark.parametrize("change, why", [
@@ -42,9 +42,9 @@ def test_wrong_way_beyond_tolerance_is_a_regression(tmp_path: Path, change: dict
 def test_within_tolerance_and_better_pass(tmp_path: Path) -> None:
     a = _write(tmp_path, "a")
     b = _write(tmp_path, "b", **{"c1.aggregate_tok_s": (96.0, "higher"), "c1.ttft_ms_p50": (20.0, "lower")})
-    assert compare_files(a, b, ["0.05"]) == 0
+    assert compare_files(a, b, ["0.05"]).exit_code == 0
     # The same file fails with a tighter tolerance for that one metric (globs, last match wins).
-    assert compare_files(a, b, ["0.05", "*.aggregate_tok_s=0.01"]) == EXIT_REGRESSION
+    assert compare_files(a, b, ["0.05", "*.aggregate_tok_s=0.01"]).exit_code == EXIT_REGRESSION
 
 
 def test_cli_exit_codes_and_messages(tmp_path: Path) -> None:

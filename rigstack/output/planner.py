@@ -1,14 +1,43 @@
-"""The plan for people: a per-stage table and a stacked-bar PNG (weights, reserve, KV, unused) per stage.
+"""The plan for people: a per-stage table and a stacked-bar PNG (weights, reserve, KV, unused) per stage, or the
+plan as JSON; and the seeds' published pools against the planner as the README's markdown table.
 
 Works on the plan's JSON data, so it runs in the tool's own interpreter (matplotlib, no vLLM).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from rigstack.atomic import replacing
+from rigstack.planner.core import Reserve
+
+
+def show_plan(plan: dict[str, Any], png: Path, as_json: bool) -> None:
+    """The chart to png, then the plan (naming the chart) on stdout: as text, or as JSON with its "png" key."""
+    plan = {**plan, "png": str(write_png(plan, png))}
+    if as_json:
+        print(json.dumps(plan, indent=1))
+    else:
+        print(text(plan))
+        print(f"chart: {plan['png']}")
+
+
+def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) -> None:
+    print(f"reserve: {reserve}; seed 001 utilisation {util}")
+    print("| case | published | planned | ratio | binding stage | vLLM starts | the pin, drafter KV in the pool |")
+    print("|---|---:|---:|---:|---:|---|---|")
+    for row in rows:
+        about = "about " if row["approximate"] else ""
+        mark = f" (fit: {row['fit']})" if row["fit"] else ""
+        what = f" ({row['compared']})" if row["compared"] else ""
+        own = " (drafter KV apart)" if row["drafter_kv"] == "own" else ""
+        verdict = "starts" if row["pin_starts"] else "refused"
+        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {verdict}"
+               if row["drafter_kv"] == "own" else "the same")
+        print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
+              f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
 
 
 def text(plan: dict[str, Any]) -> str:

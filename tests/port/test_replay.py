@@ -1,0 +1,42 @@
+"""port's replay of a whole stack, --report-only: a status for every patch, the synthetic pair and the real stack
+against vLLM 0.33.0."""
+
+from __future__ import annotations
+
+import json
+
+
+from rigstack.baseline import sha256_of
+from rigstack.stack import load_stack
+from rigstack.versions import REPO_ROOT
+from testing.cli import run_apply
+from testing.port import REAL_NEW, Pair
+from testing.port import statuses as _statuses
+
+
+def test_report_only_walks_the_whole_stack(pair: Pair) -> None:
+    report = pair.run("report-only")
+    assert _statuses(report) == ["clean", "moved", "upstreamed", "conflict", "clean"]
+    helper, cli, _, parser, _ = report.state.patches
+    assert helper.drift == ["vllm/sched.py: helper"], "the patch sits in a function upstream changed"
+    assert cli.moved == {"launchers/cli_args.py": "common/cli_args.py"} and cli.files == ["common/cli_args.py"]
+    assert parser.conflicts[0].file == "vllm/parser.py" and parser.conflicts[0].hunk.startswith("hunk 1 ")
+    assert report.state.new.sha256 == sha256_of(pair.new_wheel)
+    assert report.state.cpu["status"] == "applies"
+    assert not pair.work.exists() or not any(pair.work.iterdir()), "report-only keeps nothing"
+
+
+def test_the_real_stack_ports_to_0_33_0_report_only() -> None:
+    """CI keeps build/port-report-0.33.0.json as an artifact: the state of the real stack against 0.33.0."""
+    artifact = REPO_ROOT / "build" / f"port-report-{REAL_NEW}.json"
+    result = run_apply("port", "--to", REAL_NEW, "--report-only", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    artifact.parent.mkdir(exist_ok=True)
+    artifact.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
+    assert [p["id"] for p in report["patches"]] == list(load_stack().ids)
+    assert all(p["status"] in ("clean", "refreshed", "moved", "upstreamed", "conflict") for p in report["patches"])
+    for entry in report["patches"]:
+        if entry["status"] == "conflict":
+            assert entry["conflicts"] and all(site["file"].startswith("vllm/") for site in entry["conflicts"])
+    assert report["cpu"]["status"] == "no-release" and report["error"] is None
