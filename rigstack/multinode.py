@@ -11,7 +11,7 @@ API:
     reach_argv(python, address, port) -> list[str]: the probe a worker runs to reach the head's Ray port.
     closed_ports(profile, remote, python) -> list[str]: each host listens on its fixed Ray ports for a moment while
         every other host connects; "FROM -> TO:PORT" for each connection that failed (preflight's hosts check).
-    start_ray(profile, remote, run_dir, *, python, ray) -> list[RunRecord]
+    start_ray(profile, remote, run_dir, *, python, ray, on_event) -> list[RunRecord]
         `ray start --block` per host, each recorded in run_dir/ray-ADDRESS like any server (rigstack.launch), so
         `run_prod.py stop` ends them by process group: ending the blocking `ray start` (or its ssh session) stops
         that host's Ray processes. Never `ray stop`, which ends every Ray process of the machine it runs on.
@@ -207,7 +207,7 @@ def _wait_nodes(profile: Profile, remote: Remote, python: str, want: int, record
 
 
 def start_ray(profile: Profile, remote: Remote, run_dir: Path, *, python: str = "python3",
-              ray: str = "ray") -> list[RunRecord]:
+              ray: str = "ray", on_event: launch.OnEvent = launch.quiet) -> list[RunRecord]:
     """The head, then each worker once it reaches the head's port (a closed firewall fails here, named), each
     waited for until the cluster counts it. On failure what was started is ended."""
     head = profile.hosts[0]
@@ -225,7 +225,7 @@ def start_ray(profile: Profile, remote: Remote, run_dir: Path, *, python: str = 
             _wait_nodes(profile, remote, python, count, records)
     except BaseException:
         for record in reversed(records):
-            launch.end(record)
+            launch.end(record, on_event=on_event)
         raise
     return records
 
@@ -251,7 +251,7 @@ def serve_hosts(profile_name: str, *, run_dir: Path = launch.DEFAULT_RUN_DIR, mo
         return 0
     launch.refuse_if_serving(run_dir, f"{launch.STOP_HINT} --run-dir {run_dir}")
     compare_facts(profile, host_facts(profile, remote, python))
-    records = start_ray(profile, remote, run_dir, python=python, ray=ray)
+    records = start_ray(profile, remote, run_dir, python=python, ray=ray, on_event=on_event)
     serve = plan(profile, model=model, python=python, ray=ray)[-1]
     try:
         launch.launch(remote(serve.host, _with_env(serve.argv, serve.env)), {}, run_dir,
