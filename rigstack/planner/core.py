@@ -89,7 +89,9 @@ class Plan:
         return asdict(self)
 
 
-DrafterKv = Literal["pool", "own"]
+DrafterKv = Literal["pool", "own", "sidecar"]
+# Seed 002's engine reads the sidecar block size from this variable (its patch 0024); its default was 16.
+SIDECAR_ENV = "VLLM_GLM5N_SIDECAR_BLOCK_SIZE"
 
 
 @dataclass(frozen=True)
@@ -104,7 +106,8 @@ class Request:
     model: Path | None = None
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
     # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's get_kv_cache_groups (what 0.32.0 does);
-    # "own": held apart on the last stage (kv.drafter_own_bytes), the seeds' engines' accounting.
+    # "own": held apart on the last stage (kv.drafter_own_bytes), seed 003's engine's accounting; "sidecar": seed
+    # 002's, its ids drawn from the pool at the profile's VLLM_GLM5N_SIDECAR_BLOCK_SIZE (kv.sidecar_group).
     drafter_kv: DrafterKv = "pool"
 
 
@@ -355,6 +358,10 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the seeds' "
                      "engines hold it; vLLM 0.32.0 puts it in the pool")
         setup = replace(setup, drafter=None)
+    if request.drafter_kv == "sidecar" and setup.drafter is not None:
+        setup = replace(setup, sidecar_block_size=int(profile.env.get(SIDECAR_ENV, 16)))
+        notes.append(f"drafter KV as sidecar ids of {setup.sidecar_block_size} tokens drawn from the pool, one pool "
+                     "block each, as seed 002's engine holds it; vLLM 0.32.0 groups the drafter's layers itself")
     kv = size_pool(setup, config, bounds, available)
     stages = []
     for i, (first, end) in enumerate(bounds):

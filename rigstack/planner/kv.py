@@ -28,6 +28,7 @@ from vllm.v1.core import kv_cache_utils as kvu
 from vllm.v1.kv_cache_interface import (
     CircularBufferSpec,
     FullAttentionSpec,
+    KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -74,6 +75,10 @@ class KvSetup:
     model_runner_v2: bool = True
     async_scheduling: bool = True
     kv_cache_layout: str | None = None  # the profile's VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout reads it)
+    # Seed 002's engine (its patch 0024, VLLM_GLM5N_SIDECAR_BLOCK_SIZE): the drafter's layers are a "sidecar" group
+    # of this block size whose ids come from the target's shared pool, one pool block each ("each costs a full MLA
+    # page on every rank"); None: the drafter's layers are grouped by vLLM 0.32.0's own get_kv_cache_groups.
+    sidecar_block_size: int | None = None
 
 
 # Models whose ModelConfig.is_hybrid is True (attention beside Mamba-type state layers).
@@ -378,7 +383,9 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
               for i, (first, last) in enumerate(bounds)]
     specs = [builder(setup, _text(hf_config), first, last) for first, last in stages]
-    if setup.drafter is not None:  # the drafter is built on the last rank (patch 0006's relay feeds it there)
+    # The drafter is built on the last rank (patch 0006's relay feeds it there); a sidecar drafter is no part of
+    # the target's groups (sidecar_group).
+    if setup.drafter is not None and not setup.sidecar_block_size:
         specs[-1].update(drafter_specs(setup, bounds[-1][1], setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE))
     return specs
 
@@ -402,6 +409,15 @@ def sparse_workspace_bytes(setup: KvSetup, hf_config: Any) -> int:
     kpool = getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
     return (get_prefill_workspace_size(config) * latent
             + get_max_prefill_buffer_size(config) // kpool * index_entry)
+
+
+def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
+    """The drafter's sidecar group as seed 002's engine adds it: its layers' specs (drafter_specs) at the sidecar
+    block size, one block table. vLLM's get_max_concurrency_for_kv_cache_config then charges a request
+    cdiv(max_memory_usage_bytes, page) ids of it, drawn from the shared pool like the target's groups' ids: 2,433
+    per 1M request at 16 tokens, as the seed logged (tests/test_planner.py)."""
+    specs = drafter_specs(setup, first_layer, setup.sidecar_block_size)
+    return KVCacheGroupSpec(list(specs), next(iter(specs.values())))
 
 
 # --- vLLM's own sizing on those specs ---------------------------------------------------------------------------
@@ -449,6 +465,11 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
         binding = min(range(len(blocks)), key=blocks.__getitem__)
         configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
     scheduler = kvu.generate_scheduler_kv_cache_config(configs)
+    if setup.sidecar_block_size and setup.drafter is not None:
+        sidecar = sidecar_group(setup, bounds[-1][1])
+        scheduler.kv_cache_groups.append(sidecar)
+        names.append(f"sidecar {type(sidecar.kv_cache_spec).__name__} x{len(sidecar.layer_names)} "
+                     f"({setup.sidecar_block_size} tokens)")
     tokens, concurrency = kvu.get_kv_cache_capacity(config, scheduler)
     return KvResult(block, names, blocks, per_block, scheduler.num_blocks, tokens, concurrency, refusal is None,
                     refusal)
