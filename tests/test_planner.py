@@ -395,3 +395,58 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     assert (ids[16] - core_ids, ids[256] - core_ids) == (2433, 153)
     assert plans[256].groups[-1] == "sidecar SlidingWindowSpec x5 (256 tokens)"
     assert plans[256].pool_tokens == int(plans[256].pool_blocks / ids[256] * 1_048_576)
+
+
+# --- expert offload (patch 0014, issue 17) ---------------------------------------------------------------------
+
+
+def test_offload_keeps_cache_and_staging_on_the_gpu_and_every_expert_in_host_ram() -> None:
+    from rigstack.profiles import Profile, _merge
+
+    profile = load_profile("rtxpro6000-1x-offload")
+    whole = plan(Request(Profile.model_validate(_merge(profile.model_dump(), {"offload": None}))))
+    routed = whole.stages[0].weights_by_class["routed_experts"]  # GiB: 42 MoE layers x 288 experts on the card
+    # Seed 000: "Of the 181.3 GiB checkpoint, 163.3 GiB is experts", 43 layers of them with the MTP layer's,
+    # which vLLM does not load without MTP.
+    assert routed == pytest.approx(163.3 * 42 / 43, rel=0.002)
+    off = plan(Request(profile))
+    expert = routed / 42 / 288
+    assert expert * 1024 == pytest.approx(13.5, abs=0.05)  # the profile's "13.5 MB" a staging slot
+    # 54 hot experts and 16 staging slots a layer stay on the GPU; every expert, cached ones too, is pinned.
+    assert off.stages[0].weights_by_class["routed_experts"] == pytest.approx(42 * (54 + 16) * expert)
+    assert off.host_gib == pytest.approx(routed) == off.stages[0].host_gib
+    assert off.host_fits and off.starts and off.host_ram_gib == 182
+    # The card holds the caches and slots instead of all the experts (176 GiB, which leave no KV budget at all),
+    # and the KV budget is what is left of 0.9 x 96 GiB.
+    assert off.stages[0].weights_gib == pytest.approx(whole.stages[0].weights_gib - routed + 42 * 70 * expert)
+    assert whole.stages[0].available_gib == 0 and not whole.starts
+    stage = off.stages[0]
+    assert stage.available_gib == pytest.approx(0.9 * 96 - stage.weights_gib - stage.reserve_gib, abs=1e-6)
+
+
+def test_offload_short_of_host_ram_is_refused(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "extends: rtxpro6000-1x-offload\nhardware:\n  host_ram_gib: 128\n")
+    short = plan(Request(load_profile(path)))
+    assert not short.starts and not short.host_fits
+    assert short.refusal == "host RAM: the offloaded experts take 159.5 GiB pinned, the rig has 128 GiB " \
+                            "(hardware.host_ram_gib)"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("offload:\n  hot_experts_per_layer: 288\n", "a cache of 288 holds the whole layer of 288 experts"),
+    ("offload:\n  hot_experts_per_layer: null\n", "offload.hot_set is set but no cache size"),
+    ("env:\n  VLLM_EXPERT_OFFLOAD_STAGING: many\n", "VLLM_EXPERT_OFFLOAD_STAGING='many' is not a whole number"),
+])
+def test_offload_settings_patch_0014_refuses_are_clear_errors(tmp_path: Path, text: str, words: str) -> None:
+    path = profile_file(tmp_path, f"extends: rtxpro6000-1x-offload\n{text}")
+    with pytest.raises(UserError, match=re.escape(words)):
+        plan(Request(load_profile(path)))
+
+
+def test_offload_cache_from_a_budget_is_spread_over_the_layers(tmp_path: Path) -> None:
+    path = profile_file(tmp_path, "extends: rtxpro6000-1x-offload\noffload:\n  hot_experts_per_layer: null\n"
+                                  "env:\n  VLLM_EXPERT_OFFLOAD_BUDGET_GIB: '30'\n")
+    budget = plan(Request(load_profile(path)))
+    # 30 GiB // (42 layers x 13.5 MiB) = 54 experts a layer: the same plan as the profile's count of 54.
+    assert any("54 cached + 16 staging" in note for note in budget.notes)
+    assert budget.pool_tokens == plan(Request(load_profile("rtxpro6000-1x-offload"))).pool_tokens

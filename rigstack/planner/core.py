@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from rigstack.errors import UserError
 from rigstack.planner import weights as wt
+from rigstack.planner.offload import split as offload_split
 from rigstack.profiles import Profile, model_dir
 
 GIB = 1024**3
@@ -57,6 +58,7 @@ class Stage:
     blocks: int  # the blocks this stage alone could hold
     bytes_per_block: int
     tokens: int  # tokens this stage alone could hold
+    host_gib: float = 0.0  # pinned host RAM for this stage's offloaded experts (patch 0014; planner.offload)
 
 
 @dataclass
@@ -84,6 +86,9 @@ class Plan:
     weights_source: str
     notes: list[str] = field(default_factory=list)
     attention_backend: dict[str, Any] | None = None  # vLLM's CUDA selector for the rig (GPU profiles)
+    host_gib: float = 0.0  # pinned host RAM the offloaded experts take, all stages (planner.offload)
+    host_ram_gib: float | None = None  # the profile's hardware.host_ram_gib
+    host_fits: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -316,6 +321,7 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         kv_cache_layout=profile.env.get("VLLM_KV_CACHE_LAYOUT"))
     bounds = bounds_of(partition)
     notes: list[str] = []
+    host = [0.0] * pp  # pinned host RAM per stage for offloaded experts
     if cpu:
         space = request.kv_space_gib if request.kv_space_gib is not None else profile.env.get("VLLM_CPU_KVCACHE_SPACE")
         if space is None:
@@ -339,8 +345,22 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
                          "planner.drafter_config or planner.drafter_gib")
         if drafter:
             per_stage[-1]["drafter"] = drafter
-        offload = profile.offload.host_gib * GIB / pp if profile.offload else 0.0
-        if offload:
+        skipped = set(skip)
+        experts = offload_split(profile, {k: v for k, v in sizes.items() if k not in skipped}, bounds, tp,
+                                int(getattr(text, "n_routed_experts", 0) or 0))
+        offload = 0.0
+        if experts is not None:  # patch 0014: each MoE layer's cache and staging slots stay on the GPU
+            for cls, part in zip(per_stage, experts):
+                if part.moe_layers:
+                    cls["routed_experts"] = part.gpu_bytes
+            host = [part.host_bytes / GIB for part in experts]
+            part = experts[0]
+            notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached + {part.staging_per_layer} "
+                         f"staging slots of {part.expert_mib:.1f} MiB a layer on the GPU, all "
+                         f"{sum(host):.1f} GiB of routed experts pinned in host RAM")
+        elif profile.offload:  # stock --cpu-offload-gb: whole layers' weights leave the GPU
+            offload = profile.offload.host_gib * GIB / pp
+            host = [profile.offload.host_gib / pp] * pp
             notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
         workspace = sparse_workspace_bytes(setup, config)
         reserves = [reserve.gib(batched, text.hidden_size, workspace) for _ in bounds]
@@ -358,6 +378,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the seeds' "
                      "engines hold it; vLLM 0.32.0 puts it in the pool")
         setup = replace(setup, drafter=None)
+    host_ram = None if cpu else profile.hardware.host_ram_gib
+    host_fits = host_ram is None or sum(host) <= host_ram
     if request.drafter_kv == "sidecar" and setup.drafter is not None:
         setup = replace(setup, sidecar_block_size=int(profile.env.get(SIDECAR_ENV, 16)))
         notes.append(f"drafter KV as sidecar ids of {setup.sidecar_block_size} tokens drawn from the pool, one pool "
@@ -372,7 +394,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
             weights_by_class={k: v / GIB for k, v in per_stage[i].items()},
             reserve_gib=reserves[i], available_gib=available[i] / GIB,
             kv_gib=kv.pool_blocks * per_block / GIB, blocks=kv.num_blocks[i], bytes_per_block=per_block,
-            tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0))
+            tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0,
+            host_gib=host[i]))
     binding = min(range(pp), key=lambda i: kv.num_blocks[i])
     backend = None
     if not cpu and profile.hardware.compute_capability and architecture in ("GlmMoeDsaForCausalLM",
@@ -386,8 +409,10 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         util=None if cpu else util, memory_gib=memory, max_model_len=max_len, max_num_seqs=seqs,
         kv_cache_dtype=setup.kv_cache_dtype, block_size=kv.block_size, groups=kv.groups, stages=stages,
         pool_blocks=kv.pool_blocks, pool_tokens=kv.pool_tokens, binding_stage=binding,
-        sessions=kv.concurrency, starts=kv.starts, refusal=kv.refusal, weights_source=source, notes=notes,
-        attention_backend=backend)
+        sessions=kv.concurrency, starts=kv.starts and host_fits, weights_source=source, notes=notes,
+        refusal=kv.refusal if host_fits else (f"host RAM: the offloaded experts take {sum(host):.1f} GiB pinned, "
+                                              f"the rig has {host_ram:g} GiB (hardware.host_ram_gib)"),
+        attention_backend=backend, host_gib=sum(host), host_ram_gib=host_ram, host_fits=host_fits)
 
 
 def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,
