@@ -378,6 +378,16 @@ def test_published_predictions_stay_within_five_percent() -> None:
     assert {cases[label].drafter_kv for label in cases if label.startswith("seed 002")} == {"sidecar"}
 
 
+def test_readme_published_table_is_the_tools() -> None:
+    """The README's published-pools table carries the tool's planned figures (rerun the tool when they change)."""
+    from rigstack.planner import published
+    from rigstack.versions import REPO_ROOT
+
+    text = (REPO_ROOT / "README.md").read_text()
+    for row in published.table():
+        assert f"| {row['planned']:,} | {row['ratio']:.3f} | {row['binding_stage']} |" in text, row["case"]
+
+
 def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     """Seed 002's engine draws the drafter's sidecar ids from the target's pool, one block each: "at 16 tokens a 1M
     request needed 2,433 sidecar ids against 277 core ids", and re-blocking to 256 "raised 1M concurrency". vLLM's
