@@ -405,6 +405,12 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     assert (ids[16] - core_ids, ids[256] - core_ids) == (2433, 153)
     assert plans[256].groups[-1] == "sidecar SlidingWindowSpec x5 (256 tokens)"
     assert plans[256].pool_tokens == int(plans[256].pool_blocks / ids[256] * 1_048_576)
+    # Where the target's ids fit but not the sidecar's too, the seed's engine could not hold one 1M request.
+    tight = plan(Request(Profile.model_validate(_merge(base, {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}})),
+                         drafter_kv="sidecar", util=0.54))
+    assert core_ids <= tight.pool_blocks < ids[256] and not tight.starts
+    assert tight.refusal == f"{tight.pool_blocks} blocks hold {tight.sessions:.2f} requests of 1048576 tokens with " \
+                            "the drafter's sidecar ids"
 
 
 # --- expert offload (patch 0014, issue 17) ---------------------------------------------------------------------

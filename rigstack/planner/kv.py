@@ -465,11 +465,15 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
         binding = min(range(len(blocks)), key=blocks.__getitem__)
         configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
     scheduler = kvu.generate_scheduler_kv_cache_config(configs)
+    sidecar = None
     if setup.sidecar_block_size and setup.drafter is not None:
         sidecar = sidecar_group(setup, bounds[-1][1])
         scheduler.kv_cache_groups.append(sidecar)
         names.append(f"sidecar {type(sidecar.kv_cache_spec).__name__} x{len(sidecar.layer_names)} "
                      f"({setup.sidecar_block_size} tokens)")
     tokens, concurrency = kvu.get_kv_cache_capacity(config, scheduler)
+    if sidecar is not None and refusal is None and concurrency < 1:  # no room for one request with its sidecar ids
+        refusal = (f"{scheduler.num_blocks} blocks hold {concurrency:.2f} requests of {setup.max_model_len} tokens "
+                   "with the drafter's sidecar ids")
     return KvResult(block, names, blocks, per_block, scheduler.num_blocks, tokens, concurrency, refusal is None,
                     refusal)
