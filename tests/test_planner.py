@@ -378,6 +378,39 @@ def test_published_predictions_stay_within_five_percent() -> None:
     assert {cases[label].drafter_kv for label in cases if label.startswith("seed 002")} == {"sidecar"}
 
 
+def test_reserve_is_vllms_moe_workspace_shapes_and_runner_buffers() -> None:
+    """The non-KV reserve beside the fitted fixed_gib is vLLM's own shapes: the Marlin experts' workspace_shapes
+    for seed 002's NVFP4 experts (moe_backend: marlin) at its 4,096 batched tokens, shared with the sparse-MLA
+    workspaces (the larger one), and a later stage's hidden states and residual; TritonExperts for BF16 experts."""
+    from math import prod
+
+    import torch
+    from vllm.model_executor.layers.fused_moe.activation import MoEActivation
+    from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
+    from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+
+    from rigstack.planner import scratch
+    from rigstack.planner.core import GIB, RESERVE, load_config
+
+    profile = load_profile("cmp170hx-8x-pp8")
+    text = load_config(profile, None)[0]
+    assert scratch.experts_class("marlin", 4.5) is MarlinExperts
+    assert scratch.experts_class(None, 4.156) is MarlinExperts and scratch.experts_class(None, 16) is TritonExperts
+    for cls, n in ((MarlinExperts, text.moe_intermediate_size), (TritonExperts, 2 * text.moe_intermediate_size)):
+        work13, work2, out = cls.workspace_shapes(object.__new__(cls), 4096, n, text.hidden_size, 8, 288, 288, None,
+                                                  MoEActivation.SILU)
+        assert scratch.moe_workspace_bytes(cls, 4096, text, 1) == (max(prod(work13), prod(out)) + prod(work2)) * 2
+    moe = scratch.moe_workspace_bytes(MarlinExperts, 4096, text, 1)
+    # At 1M context the sparse-MLA workspaces are the larger; at 8k the MoE workspace is.
+    for length, larger in ((1_048_576, "sparse"), (8192, "moe")):
+        found = plan(Request(profile, max_model_len=length))
+        sparse = kv.sparse_workspace_bytes(kv.KvSetup("Glm5NextForCausalLM", length, 8, 4096, 128), text)
+        assert (sparse > moe) == (larger == "sparse")
+        assert found.stages[0].reserve_gib == pytest.approx(RESERVE.fixed_gib + max(moe, sparse) / GIB, abs=1e-9)
+        hidden = 2 * 4096 * text.hidden_size * torch.bfloat16.itemsize  # hidden states + residual
+        assert found.stages[1].reserve_gib - found.stages[0].reserve_gib == pytest.approx(hidden / GIB, abs=1e-9)
+
+
 def test_readme_published_table_is_the_tools() -> None:
     """The README's published-pools table carries the tool's planned figures (rerun the tool when they change)."""
     from rigstack.planner import published

@@ -28,18 +28,16 @@ CPU_BLOCK_SIZE = 128
 @dataclass(frozen=True)
 class Reserve:
     """The non-KV memory of one stage beside its weights, in GiB: a fixed part (CUDA context, NCCL buffers, the
-    CUDA-graph pool estimate) plus the larger of the profiled activation peak (taken as proportional to
-    max-num-batched-tokens x hidden size) and the sparse-MLA prefill workspaces, which vLLM's own functions size
-    from max-model-len (kv.sparse_workspace_bytes): the larger, because vLLM's WorkspaceManager serves the MoE
-    and sparse-MLA scratch from one shared allocation. fixed_gib is fitted (published.fit); the activation
-    constant is a stated prior. README, "Capacity planner", says on which cases."""
+    CUDA-graph pool that vLLM measures by a trial capture) plus the profile run's scratch as vLLM's own shape
+    functions size it (planner.scratch, kv.sparse_workspace_bytes): the larger of the fused-MoE workspaces and
+    the sparse-MLA prefill workspaces, because vLLM's WorkspaceManager serves both from one shared allocation,
+    plus the runner's buffers on that stage. fixed_gib is the one fitted constant (published.fit); README,
+    "Capacity planner", says on which case."""
 
-    fixed_gib: float = 0.023  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
-    activation_bytes_per_token_hidden: float = 40.0  # bytes per (batched token x hidden unit) at the peak
+    fixed_gib: float = -0.024  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
 
-    def gib(self, batched_tokens: int, hidden: int, workspace_bytes: int = 0) -> float:
-        activation = batched_tokens * hidden * self.activation_bytes_per_token_hidden
-        return self.fixed_gib + max(activation, workspace_bytes) / GIB
+    def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
+        return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
 
 
 RESERVE = Reserve()
@@ -305,6 +303,9 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     cpu = profile.flavour == "cpu"
     draft = load_drafter_config(profile)
     from rigstack.planner.kv import KvSetup, drafter_own_bytes, size_pool, sparse_workspace_bytes  # vLLM: late
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+
+    from rigstack.planner import scratch
 
     setup = KvSetup(
         architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
@@ -362,8 +363,14 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
             offload = profile.offload.host_gib * GIB / pp
             host = [profile.offload.host_gib / pp] * pp
             notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
-        workspace = sparse_workspace_bytes(setup, config)
-        reserves = [reserve.gib(batched, text.hidden_size, workspace) for _ in bounds]
+        hints = profile.planner.bits if profile.planner else {}
+        moe_class = scratch.experts_class((profile.vllm.get("kernel-config") or {}).get("moe_backend"),
+                                        hints.get("routed_experts", wt.DEFAULT_BITS))
+        dtype = STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
+        workspace = max(scratch.moe_workspace_bytes(moe_class, batched, text, tp, dtype),
+                        sparse_workspace_bytes(setup, config))
+        reserves = [reserve.gib(workspace, scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
+                    for i in range(pp)]
         requested = math.ceil(memory * GIB * util)  # v1/worker/utils.py: ceil(total x util)
         available = [max(0, int(requested - (sum(cls.values()) - offload) - r * GIB))
                      for cls, r in zip(per_stage, reserves)]
