@@ -401,14 +401,45 @@ def test_reserve_is_vllms_moe_workspace_shapes_and_runner_buffers() -> None:
                                                   MoEActivation.SILU)
         assert scratch.moe_workspace_bytes(cls, 4096, text, 1) == (max(prod(work13), prod(out)) + prod(work2)) * 2
     moe = scratch.moe_workspace_bytes(MarlinExperts, 4096, text, 1)
-    # At 1M context the sparse-MLA workspaces are the larger; at 8k the MoE workspace is.
+    # At 1M context the indexer's workspace is the larger; at 8k the MoE workspace is. The indexer's logits
+    # sentinel (512 MiB, over 64 decode rows x 262,144 pooled keys x 4 B) is a separate allocation, added.
     for length, larger in ((1_048_576, "sparse"), (8192, "moe")):
         found = plan(Request(profile, max_model_len=length))
-        sparse = kv.sparse_workspace_bytes(kv.KvSetup("Glm5NextForCausalLM", length, 8, 4096, 128), text)
+        setup = kv.KvSetup("Glm5NextForCausalLM", length, 8, 4096, 128, num_speculative_tokens=7)
+        sparse = kv.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE")
         assert (sparse > moe) == (larger == "sparse")
-        assert found.stages[0].reserve_gib == pytest.approx(RESERVE.fixed_gib + max(moe, sparse) / GIB, abs=1e-9)
+        logits = kv.indexer_logits_bytes(setup, text)
+        assert logits == max(512 * 2**20, 64 * length // 4 * 4)
+        assert found.stages[0].reserve_gib == pytest.approx(RESERVE.fixed_gib + (max(moe, sparse) + logits) / GIB,
+                                                            abs=1e-9)
         hidden = 2 * 4096 * text.hidden_size * torch.bfloat16.itemsize  # hidden states + residual
         assert found.stages[1].reserve_gib - found.stages[0].reserve_gib == pytest.approx(hidden / GIB, abs=1e-9)
+
+
+def test_sparse_workspace_is_the_indexers_and_flashmlas_not_triton_mla_sparses() -> None:
+    """The indexer's profile-run reservation (vLLM's _gather_workspace_shapes over its max_total_seq_len, plus the
+    radix top-k scratch); FlashMLASparseImpl adds its prefill gather workspace, TRITON_MLA_SPARSE (patch 0009,
+    the XPU impl) reserves none."""
+    from math import prod
+
+    import torch
+    from vllm.model_executor.layers.indexer_topk import RADIX_TOPK_WORKSPACE_SIZE
+    from vllm.model_executor.layers.sparse_attn_indexer import _gather_workspace_shapes
+    from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
+    from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
+
+    from rigstack.planner.core import load_config
+
+    text = load_config(load_profile("cmp170hx-8x-pp8"), None)[0]
+    setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128)
+    config = kv.vllm_config(setup, text)
+    config.attention_config.sparse_mla_prefill_workspace_factor = 2  # VllmConfig's rule above 256k
+    rows = get_max_prefill_buffer_size(config) // text.index_kpool
+    (values, fp8), (scales, u8) = _gather_workspace_shapes(rows, text.index_head_dim, torch.float8_e4m3fn, False)
+    indexer = prod(values) * fp8.itemsize + prod(scales) * u8.itemsize + RADIX_TOPK_WORKSPACE_SIZE
+    assert kv.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE") == indexer
+    gather = get_prefill_workspace_size(config) * (text.kv_lora_rank + text.qk_rope_head_dim) * 2
+    assert kv.sparse_workspace_bytes(setup, text, "FLASHMLA_SPARSE") == indexer + gather
 
 
 def test_readme_published_table_is_the_tools() -> None:

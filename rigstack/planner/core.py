@@ -34,7 +34,7 @@ class Reserve:
     plus the runner's buffers on that stage. fixed_gib is the one fitted constant (published.fit); README,
     "Capacity planner", says on which case."""
 
-    fixed_gib: float = -0.024  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
+    fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
 
     def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
         return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
@@ -302,7 +302,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     spec = profile.speculative or {}
     cpu = profile.flavour == "cpu"
     draft = load_drafter_config(profile)
-    from rigstack.planner.kv import KvSetup, drafter_own_bytes, size_pool, sparse_workspace_bytes  # vLLM: late
+    from rigstack.planner.kv import (  # vLLM: late
+        KvSetup, drafter_own_bytes, indexer_logits_bytes, size_pool, sparse_workspace_bytes)
     from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 
     from rigstack.planner import scratch
@@ -368,8 +369,9 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
                                         hints.get("routed_experts", wt.DEFAULT_BITS))
         dtype = STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
         workspace = max(scratch.moe_workspace_bytes(moe_class, batched, text, tp, dtype),
-                        sparse_workspace_bytes(setup, config))
-        reserves = [reserve.gib(workspace, scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
+                        sparse_workspace_bytes(setup, config, profile.vllm.get("attention-backend")))
+        transient = indexer_logits_bytes(setup, config)
+        reserves = [reserve.gib(workspace, transient + scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
                     for i in range(pp)]
         requested = math.ceil(memory * GIB * util)  # v1/worker/utils.py: ceil(total x util)
         available = [max(0, int(requested - (sum(cls.values()) - offload) - r * GIB))

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
-from vllm.utils.math_utils import cdiv, next_power_of_2
+from vllm.utils.math_utils import cdiv, next_power_of_2, round_up
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
 from vllm.v1.core import kv_cache_utils as kvu
@@ -390,25 +390,65 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     return specs
 
 
-def sparse_workspace_bytes(setup: KvSetup, hf_config: Any) -> int:
-    """The sparse-MLA prefill workspaces a DSA model allocates per stage, sized by vLLM's own functions: the MLA
-    gather workspace (flashmla_sparse.get_prefill_workspace_size rows of the bf16 latent) and the indexer's key
-    buffer (indexer.get_max_prefill_buffer_size entries of 132 bytes, one per index_kpool tokens on GLM-5.3-Flash).
-    They scale with max-model-len, so they are part of the non-KV reserve."""
-    if setup.architecture not in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM"):
+# The sparse-MLA backends that reserve no prefill gather workspace: TRITON_MLA_SPARSE (patch 0009; its impl is the
+# XPU one, which keeps no workspace), the only sparse backend below SM90 (platforms/cuda.py's priorities).
+_NO_GATHER_BACKENDS = ("TRITON_MLA_SPARSE",)
+
+
+def _dsa(setup: KvSetup) -> bool:
+    return setup.architecture in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM")
+
+
+def _sparse_config(setup: KvSetup, hf_config: Any) -> VllmConfig:
+    config = vllm_config(setup, hf_config)
+    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
+    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
+    return config
+
+
+def _kpool(setup: KvSetup, text: Any) -> int:
+    return getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
+
+
+def sparse_workspace_bytes(setup: KvSetup, hf_config: Any, backend: str | None = None) -> int:
+    """The sparse-MLA scratch a DSA model reserves in vLLM's shared WorkspaceManager during the profile run, sized
+    by vLLM's own functions: the indexer's K-gather workspace (sparse_attn_indexer's profile branch:
+    _gather_workspace_shapes over max_total_seq_len = get_max_prefill_buffer_size, divided by index_kpool on
+    GLM-5.3-Flash, plus the radix top-k scratch), and, unless `backend` reserves none (TRITON_MLA_SPARSE), the
+    MLA prefill gather workspace (FlashMLASparseImpl's get_prefill_workspace_size rows of the bf16 latent). They
+    scale with max-model-len."""
+    if not _dsa(setup):
         return 0
+    from vllm.model_executor.layers.indexer_topk import RADIX_TOPK_WORKSPACE_SIZE
+    from vllm.model_executor.layers.sparse_attn_indexer import _gather_workspace_shapes
+    from vllm.platforms import current_platform
     from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
     from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
     text = _text(hf_config)
-    config = vllm_config(setup, hf_config)
-    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
-    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
-    latent = (text.kv_lora_rank + text.qk_rope_head_dim) * 2
-    index_entry = text.index_head_dim + text.index_head_dim // _INDEXER_QUANT_BLOCK * 4
-    kpool = getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
-    return (get_prefill_workspace_size(config) * latent
-            + get_max_prefill_buffer_size(config) // kpool * index_entry)
+    config = _sparse_config(setup, hf_config)
+    rows = get_max_prefill_buffer_size(config) // _kpool(setup, text)
+    values, scales = _gather_workspace_shapes(rows, text.index_head_dim, current_platform.fp8_dtype(), False)
+    specs = [values, scales, ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8)]
+    if backend not in _NO_GATHER_BACKENDS:
+        specs.append(((get_prefill_workspace_size(config), text.kv_lora_rank + text.qk_rope_head_dim), torch.bfloat16))
+    # WorkspaceManager.get_simultaneous: one allocation, each view rounded up to 256 bytes.
+    return sum(round_up(math.prod(shape) * dtype.itemsize, 256) for shape, dtype in specs)
+
+
+def indexer_logits_bytes(setup: KvSetup, hf_config: Any) -> int:
+    """The indexer's logits sentinel in the profile run, a plain allocation beside the shared workspace (so added to
+    it): VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and on GLM-5.3-Flash's pooled indexer at least the worst decode logits,
+    min(max-num-seqs x (1 + draft), max-num-batched-tokens) x max_model_len / index_kpool x 4 bytes."""
+    if not _dsa(setup):
+        return 0
+    import vllm.envs as envs
+
+    cap = envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024
+    if setup.architecture != "Glm5NextForCausalLM":
+        return cap
+    tokens = min(setup.max_num_seqs * (setup.num_speculative_tokens + 1), setup.max_num_batched_tokens)
+    return max(cap, tokens * (setup.max_model_len // _kpool(setup, _text(hf_config))) * 4)
 
 
 def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
