@@ -30,8 +30,9 @@ class Reserve:
     """The non-KV memory of one stage beside its weights, in GiB: a fixed part (CUDA context, NCCL buffers, the
     CUDA-graph pool that vLLM measures by a trial capture) plus the profile run's scratch as vLLM's own shape
     functions size it (planner.scratch, kv.sparse_workspace_bytes): the larger of the fused-MoE workspaces and
-    the sparse-MLA prefill workspaces, because vLLM's WorkspaceManager serves both from one shared allocation,
-    plus the runner's buffers on that stage. fixed_gib is the one fitted constant (published.fit); README,
+    the sparse-MLA workspaces, because vLLM's WorkspaceManager serves both from one shared allocation, plus the
+    allocations beside it (the indexer's logits sentinel, kv.indexer_logits_bytes; the runner's buffers on that
+    stage). fixed_gib is the one fitted constant (published.fit); README,
     "Capacity planner", says on which case."""
 
     fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
