@@ -32,10 +32,10 @@ def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) ->
         about = "about " if row["approximate"] else ""
         mark = f" (fit: {row['fit']})" if row["fit"] else ""
         what = f" ({row['compared']})" if row["compared"] else ""
-        own = " (drafter KV apart)" if row["drafter_kv"] == "own" else ""
+        own = {"own": " (drafter KV apart)", "sidecar": " (drafter sidecar ids)"}.get(row["drafter_kv"], "")
         verdict = "starts" if row["pin_starts"] else "refused"
         pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {verdict}"
-               if row["drafter_kv"] == "own" else "the same")
+               if row["drafter_kv"] != "pool" else "the same")
         print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
               f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
 
@@ -56,7 +56,15 @@ def text(plan: dict[str, Any]) -> str:
     lines.append(f"pool: {plan['pool_tokens']:,} tokens ({plan['pool_blocks']:,} blocks, the minimum over stages; "
                  f"stage {plan['binding_stage']} binds); {plan['sessions']:.2f} requests of "
                  f"{plan['max_model_len']:,} tokens fit (target {plan['target_sessions']:g})")
-    if plan["starts"]:
+    if plan.get("host_gib"):
+        have = plan.get("host_ram_gib")
+        lines.append("host RAM, pinned for offloaded experts: "
+                     + ", ".join(f"stage {stage['index']} {stage['host_gib']:.1f}" for stage in plan["stages"])
+                     + f" GiB; {plan['host_gib']:.1f} GiB in all"
+                     + (f" of the rig's {have:g}" if have is not None else " (no hardware.host_ram_gib to check)"))
+    if not plan.get("host_fits", True):
+        lines.append(f"does not start: {plan['refusal']}")
+    elif plan["starts"]:
         lines.append("vLLM's startup check (_check_enough_kv_cache_memory): passes")
     else:
         lines.append(f"vLLM's startup check (_check_enough_kv_cache_memory): REFUSES: {plan['refusal']}")

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from rigstack.errors import UserError
 from rigstack.planner import weights as wt
+from rigstack.planner.offload import split as offload_split
 from rigstack.profiles import Profile, model_dir
 
 GIB = 1024**3
@@ -27,18 +28,17 @@ CPU_BLOCK_SIZE = 128
 @dataclass(frozen=True)
 class Reserve:
     """The non-KV memory of one stage beside its weights, in GiB: a fixed part (CUDA context, NCCL buffers, the
-    CUDA-graph pool estimate) plus the larger of the profiled activation peak (taken as proportional to
-    max-num-batched-tokens x hidden size) and the sparse-MLA prefill workspaces, which vLLM's own functions size
-    from max-model-len (kv.sparse_workspace_bytes): the larger, because vLLM's WorkspaceManager serves the MoE
-    and sparse-MLA scratch from one shared allocation. fixed_gib is fitted (published.fit); the activation
-    constant is a stated prior. README, "Capacity planner", says on which cases."""
+    CUDA-graph pool that vLLM measures by a trial capture) plus the profile run's scratch as vLLM's own shape
+    functions size it (planner.scratch, kv.sparse_workspace_bytes): the larger of the fused-MoE workspaces and
+    the sparse-MLA workspaces, because vLLM's WorkspaceManager serves both from one shared allocation, plus the
+    allocations beside it (the indexer's logits sentinel, kv.indexer_logits_bytes; the runner's buffers on that
+    stage). fixed_gib is the one fitted constant (published.fit); README,
+    "Capacity planner", says on which case."""
 
-    fixed_gib: float = 0.023  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
-    activation_bytes_per_token_hidden: float = 40.0  # bytes per (batched token x hidden unit) at the peak
+    fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
 
-    def gib(self, batched_tokens: int, hidden: int, workspace_bytes: int = 0) -> float:
-        activation = batched_tokens * hidden * self.activation_bytes_per_token_hidden
-        return self.fixed_gib + max(activation, workspace_bytes) / GIB
+    def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
+        return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
 
 
 RESERVE = Reserve()
@@ -57,6 +57,7 @@ class Stage:
     blocks: int  # the blocks this stage alone could hold
     bytes_per_block: int
     tokens: int  # tokens this stage alone could hold
+    host_gib: float = 0.0  # pinned host RAM for this stage's offloaded experts (patch 0014; planner.offload)
 
 
 @dataclass
@@ -84,12 +85,17 @@ class Plan:
     weights_source: str
     notes: list[str] = field(default_factory=list)
     attention_backend: dict[str, Any] | None = None  # vLLM's CUDA selector for the rig (GPU profiles)
+    host_gib: float = 0.0  # pinned host RAM the offloaded experts take, all stages (planner.offload)
+    host_ram_gib: float | None = None  # the profile's hardware.host_ram_gib
+    host_fits: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
 
-DrafterKv = Literal["pool", "own"]
+DrafterKv = Literal["pool", "own", "sidecar"]
+# Seed 002's engine reads the sidecar block size from this variable (its patch 0024); its default was 16.
+SIDECAR_ENV = "VLLM_GLM5N_SIDECAR_BLOCK_SIZE"
 
 
 @dataclass(frozen=True)
@@ -104,7 +110,8 @@ class Request:
     model: Path | None = None
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
     # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's get_kv_cache_groups (what 0.32.0 does);
-    # "own": held apart on the last stage (kv.drafter_own_bytes), the seeds' engines' accounting.
+    # "own": held apart on the last stage (kv.drafter_own_bytes), seed 003's engine's accounting; "sidecar": seed
+    # 002's, its ids drawn from the pool at the profile's VLLM_GLM5N_SIDECAR_BLOCK_SIZE (kv.sidecar_group).
     drafter_kv: DrafterKv = "pool"
 
 
@@ -296,7 +303,11 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     spec = profile.speculative or {}
     cpu = profile.flavour == "cpu"
     draft = load_drafter_config(profile)
-    from rigstack.planner.kv import KvSetup, drafter_own_bytes, size_pool, sparse_workspace_bytes  # vLLM: late
+    from rigstack.planner.kv import (  # vLLM: late
+        KvSetup, drafter_own_bytes, indexer_logits_bytes, size_pool, sparse_workspace_bytes)
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+
+    from rigstack.planner import scratch
 
     setup = KvSetup(
         architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
@@ -313,6 +324,7 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         kv_cache_layout=profile.env.get("VLLM_KV_CACHE_LAYOUT"))
     bounds = bounds_of(partition)
     notes: list[str] = []
+    host = [0.0] * pp  # pinned host RAM per stage for offloaded experts
     if cpu:
         space = request.kv_space_gib if request.kv_space_gib is not None else profile.env.get("VLLM_CPU_KVCACHE_SPACE")
         if space is None:
@@ -336,11 +348,32 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
                          "planner.drafter_config or planner.drafter_gib")
         if drafter:
             per_stage[-1]["drafter"] = drafter
-        offload = profile.offload.host_gib * GIB / pp if profile.offload else 0.0
-        if offload:
+        skipped = set(skip)
+        experts = offload_split(profile, {k: v for k, v in sizes.items() if k not in skipped}, bounds, tp,
+                                int(getattr(text, "n_routed_experts", 0) or 0))
+        offload = 0.0
+        if experts is not None:  # patch 0014: each MoE layer's cache and staging slots stay on the GPU
+            for cls, part in zip(per_stage, experts):
+                if part.moe_layers:
+                    cls["routed_experts"] = part.gpu_bytes
+            host = [part.host_bytes / GIB for part in experts]
+            part = experts[0]
+            notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached + {part.staging_per_layer} "
+                         f"staging slots of {part.expert_mib:.1f} MiB a layer on the GPU, all "
+                         f"{sum(host):.1f} GiB of routed experts pinned in host RAM")
+        elif profile.offload:  # stock --cpu-offload-gb: whole layers' weights leave the GPU
+            offload = profile.offload.host_gib * GIB / pp
+            host = [profile.offload.host_gib / pp] * pp
             notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
-        workspace = sparse_workspace_bytes(setup, config)
-        reserves = [reserve.gib(batched, text.hidden_size, workspace) for _ in bounds]
+        hints = profile.planner.bits if profile.planner else {}
+        moe_class = scratch.experts_class((profile.vllm.get("kernel-config") or {}).get("moe_backend"),
+                                        hints.get("routed_experts", wt.DEFAULT_BITS))
+        dtype = STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
+        workspace = max(scratch.moe_workspace_bytes(moe_class, batched, text, tp, dtype),
+                        sparse_workspace_bytes(setup, config, profile.vllm.get("attention-backend")))
+        transient = indexer_logits_bytes(setup, config)
+        reserves = [reserve.gib(workspace, transient + scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
+                    for i in range(pp)]
         requested = math.ceil(memory * GIB * util)  # v1/worker/utils.py: ceil(total x util)
         available = [max(0, int(requested - (sum(cls.values()) - offload) - r * GIB))
                      for cls, r in zip(per_stage, reserves)]
@@ -355,6 +388,12 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the seeds' "
                      "engines hold it; vLLM 0.32.0 puts it in the pool")
         setup = replace(setup, drafter=None)
+    host_ram = None if cpu else profile.hardware.host_ram_gib
+    host_fits = host_ram is None or sum(host) <= host_ram
+    if request.drafter_kv == "sidecar" and setup.drafter is not None:
+        setup = replace(setup, sidecar_block_size=int(profile.env.get(SIDECAR_ENV, 16)))
+        notes.append(f"drafter KV as sidecar ids of {setup.sidecar_block_size} tokens drawn from the pool, one pool "
+                     "block each, as seed 002's engine holds it; vLLM 0.32.0 groups the drafter's layers itself")
     kv = size_pool(setup, config, bounds, available)
     stages = []
     for i, (first, end) in enumerate(bounds):
@@ -365,7 +404,8 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
             weights_by_class={k: v / GIB for k, v in per_stage[i].items()},
             reserve_gib=reserves[i], available_gib=available[i] / GIB,
             kv_gib=kv.pool_blocks * per_block / GIB, blocks=kv.num_blocks[i], bytes_per_block=per_block,
-            tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0))
+            tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0,
+            host_gib=host[i]))
     binding = min(range(pp), key=lambda i: kv.num_blocks[i])
     backend = None
     if not cpu and profile.hardware.compute_capability and architecture in ("GlmMoeDsaForCausalLM",
@@ -379,8 +419,10 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         util=None if cpu else util, memory_gib=memory, max_model_len=max_len, max_num_seqs=seqs,
         kv_cache_dtype=setup.kv_cache_dtype, block_size=kv.block_size, groups=kv.groups, stages=stages,
         pool_blocks=kv.pool_blocks, pool_tokens=kv.pool_tokens, binding_stage=binding,
-        sessions=kv.concurrency, starts=kv.starts, refusal=kv.refusal, weights_source=source, notes=notes,
-        attention_backend=backend)
+        sessions=kv.concurrency, starts=kv.starts and host_fits, weights_source=source, notes=notes,
+        refusal=kv.refusal if host_fits else (f"host RAM: the offloaded experts take {sum(host):.1f} GiB pinned, "
+                                              f"the rig has {host_ram:g} GiB (hardware.host_ram_gib)"),
+        attention_backend=backend, host_gib=sum(host), host_ram_gib=host_ram, host_fits=host_fits)
 
 
 def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,

@@ -21,13 +21,14 @@ from typing import Any
 import torch
 from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
-from vllm.utils.math_utils import cdiv, next_power_of_2
+from vllm.utils.math_utils import cdiv, next_power_of_2, round_up
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
 from vllm.v1.core import kv_cache_utils as kvu
 from vllm.v1.kv_cache_interface import (
     CircularBufferSpec,
     FullAttentionSpec,
+    KVCacheGroupSpec,
     KVCacheSpec,
     MambaSpec,
     MLAAttentionSpec,
@@ -74,6 +75,10 @@ class KvSetup:
     model_runner_v2: bool = True
     async_scheduling: bool = True
     kv_cache_layout: str | None = None  # the profile's VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout reads it)
+    # Seed 002's engine (its patch 0024, VLLM_GLM5N_SIDECAR_BLOCK_SIZE): the drafter's layers are a "sidecar" group
+    # of this block size whose ids come from the target's shared pool, one pool block each ("each costs a full MLA
+    # page on every rank"); None: the drafter's layers are grouped by vLLM 0.32.0's own get_kv_cache_groups.
+    sidecar_block_size: int | None = None
 
 
 # Models whose ModelConfig.is_hybrid is True (attention beside Mamba-type state layers).
@@ -378,30 +383,81 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
               for i, (first, last) in enumerate(bounds)]
     specs = [builder(setup, _text(hf_config), first, last) for first, last in stages]
-    if setup.drafter is not None:  # the drafter is built on the last rank (patch 0006's relay feeds it there)
+    # The drafter is built on the last rank (patch 0006's relay feeds it there); a sidecar drafter is no part of
+    # the target's groups (sidecar_group).
+    if setup.drafter is not None and not setup.sidecar_block_size:
         specs[-1].update(drafter_specs(setup, bounds[-1][1], setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE))
     return specs
 
 
-def sparse_workspace_bytes(setup: KvSetup, hf_config: Any) -> int:
-    """The sparse-MLA prefill workspaces a DSA model allocates per stage, sized by vLLM's own functions: the MLA
-    gather workspace (flashmla_sparse.get_prefill_workspace_size rows of the bf16 latent) and the indexer's key
-    buffer (indexer.get_max_prefill_buffer_size entries of 132 bytes, one per index_kpool tokens on GLM-5.3-Flash).
-    They scale with max-model-len, so they are part of the non-KV reserve."""
-    if setup.architecture not in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM"):
+# The sparse-MLA backends that reserve no prefill gather workspace: TRITON_MLA_SPARSE (patch 0009; its impl is the
+# XPU one, which keeps no workspace), the only sparse backend below SM90 (platforms/cuda.py's priorities).
+_NO_GATHER_BACKENDS = ("TRITON_MLA_SPARSE",)
+
+
+def _dsa(setup: KvSetup) -> bool:
+    return setup.architecture in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM")
+
+
+def _sparse_config(setup: KvSetup, hf_config: Any) -> VllmConfig:
+    config = vllm_config(setup, hf_config)
+    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
+    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
+    return config
+
+
+def _kpool(setup: KvSetup, text: Any) -> int:
+    return getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
+
+
+def sparse_workspace_bytes(setup: KvSetup, hf_config: Any, backend: str | None = None) -> int:
+    """The sparse-MLA scratch a DSA model reserves in vLLM's shared WorkspaceManager during the profile run, sized
+    by vLLM's own functions: the indexer's K-gather workspace (sparse_attn_indexer's profile branch:
+    _gather_workspace_shapes over max_total_seq_len = get_max_prefill_buffer_size, divided by index_kpool on
+    GLM-5.3-Flash, plus the radix top-k scratch), and, unless `backend` reserves none (TRITON_MLA_SPARSE), the
+    MLA prefill gather workspace (FlashMLASparseImpl's get_prefill_workspace_size rows of the bf16 latent). They
+    scale with max-model-len."""
+    if not _dsa(setup):
         return 0
+    from vllm.model_executor.layers.indexer_topk import RADIX_TOPK_WORKSPACE_SIZE
+    from vllm.model_executor.layers.sparse_attn_indexer import _gather_workspace_shapes
+    from vllm.platforms import current_platform
     from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
     from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
     text = _text(hf_config)
-    config = vllm_config(setup, hf_config)
-    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
-    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
-    latent = (text.kv_lora_rank + text.qk_rope_head_dim) * 2
-    index_entry = text.index_head_dim + text.index_head_dim // _INDEXER_QUANT_BLOCK * 4
-    kpool = getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
-    return (get_prefill_workspace_size(config) * latent
-            + get_max_prefill_buffer_size(config) // kpool * index_entry)
+    config = _sparse_config(setup, hf_config)
+    rows = get_max_prefill_buffer_size(config) // _kpool(setup, text)
+    values, scales = _gather_workspace_shapes(rows, text.index_head_dim, current_platform.fp8_dtype(), False)
+    specs = [values, scales, ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8)]
+    if backend not in _NO_GATHER_BACKENDS:
+        specs.append(((get_prefill_workspace_size(config), text.kv_lora_rank + text.qk_rope_head_dim), torch.bfloat16))
+    # WorkspaceManager.get_simultaneous: one allocation, each view rounded up to 256 bytes.
+    return sum(round_up(math.prod(shape) * dtype.itemsize, 256) for shape, dtype in specs)
+
+
+def indexer_logits_bytes(setup: KvSetup, hf_config: Any) -> int:
+    """The indexer's logits sentinel in the profile run, a plain allocation beside the shared workspace (so added to
+    it): VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and on GLM-5.3-Flash's pooled indexer at least the worst decode logits,
+    min(max-num-seqs x (1 + draft), max-num-batched-tokens) x max_model_len / index_kpool x 4 bytes."""
+    if not _dsa(setup):
+        return 0
+    import vllm.envs as envs
+
+    cap = envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024
+    if setup.architecture != "Glm5NextForCausalLM":
+        return cap
+    tokens = min(setup.max_num_seqs * (setup.num_speculative_tokens + 1), setup.max_num_batched_tokens)
+    return max(cap, tokens * (setup.max_model_len // _kpool(setup, _text(hf_config))) * 4)
+
+
+def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
+    """The drafter's sidecar group as seed 002's engine adds it: its layers' specs (drafter_specs) at the sidecar
+    block size, one block table. vLLM's get_max_concurrency_for_kv_cache_config then charges a request
+    cdiv(max_memory_usage_bytes, page) ids of it, drawn from the shared pool like the target's groups' ids: 2,433
+    per 1M request at 16 tokens, as the seed logged (tests/test_planner.py)."""
+    specs = drafter_specs(setup, first_layer, setup.sidecar_block_size)
+    return KVCacheGroupSpec(list(specs), next(iter(specs.values())))
 
 
 # --- vLLM's own sizing on those specs ---------------------------------------------------------------------------
@@ -449,6 +505,15 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
         binding = min(range(len(blocks)), key=blocks.__getitem__)
         configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
     scheduler = kvu.generate_scheduler_kv_cache_config(configs)
+    sidecar = None
+    if setup.sidecar_block_size and setup.drafter is not None:
+        sidecar = sidecar_group(setup, bounds[-1][1])
+        scheduler.kv_cache_groups.append(sidecar)
+        names.append(f"sidecar {type(sidecar.kv_cache_spec).__name__} x{len(sidecar.layer_names)} "
+                     f"({setup.sidecar_block_size} tokens)")
     tokens, concurrency = kvu.get_kv_cache_capacity(config, scheduler)
+    if sidecar is not None and refusal is None and concurrency < 1:  # no room for one request with its sidecar ids
+        refusal = (f"{scheduler.num_blocks} blocks hold {concurrency:.2f} requests of {setup.max_model_len} tokens "
+                   "with the drafter's sidecar ids")
     return KvResult(block, names, blocks, per_block, scheduler.num_blocks, tokens, concurrency, refusal is None,
                     refusal)

@@ -232,6 +232,10 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
     from rigstack.planner import plan_dict
 
     plan = plan_dict(ctx.profile.source_files[-1], model=str(ctx.model) if ctx.model else None)
+    host = _host_short(plan)
+    if host is not None:
+        return fail(host, "add host RAM, or serve a smaller checkpoint: patch 0014 pins every routed expert in host "
+                          "RAM, the cached ones too (`python preflight.py plan` shows each stage's share)")
     stage = plan["stages"][plan["binding_stage"]]
     line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} binds: "
             f"{stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
@@ -247,6 +251,22 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
         return warn(f"{line}: {plan['sessions']:.2f} of {target:g} target requests fit at {max_len:,} tokens",
                     "fine for mixed lengths; lower max-num-seqs or planner.target_sessions if every request is long")
     return passed(f"{line} >= {target:g} x {max_len:,}")
+
+
+def _host_short(plan: dict[str, Any]) -> str | None:
+    """Why the offloaded experts do not fit in host RAM: the profile's figure (the plan's own check), else this
+    machine's available RAM (preflight runs on the rig)."""
+    need = plan.get("host_gib", 0.0)
+    if not need:
+        return None
+    if not plan.get("host_fits", True):
+        return plan["refusal"]
+    from rigstack.preflight.host import meminfo
+
+    available = meminfo().get("MemAvailable", 0.0)
+    if available < need:
+        return f"host RAM: the offloaded experts take {need:.1f} GiB pinned, this machine has {available:.1f} GiB free"
+    return None
 
 
 @check("kv-room")

@@ -184,3 +184,18 @@ def test_drafter_kv_skips_without_a_dflash_drafter_or_its_config(tmp_path: Path)
     assert_status(model.drafter_kv(context("cpu-tiny")), Status.SKIP, "no DFlash drafter")
     profile, folder = _dflash_profile(tmp_path, None)
     assert_status(model.drafter_kv(context(profile)), Status.SKIP, f"{folder}/config.json")
+
+
+def test_kv_room_fails_when_the_offloaded_experts_outgrow_host_ram(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from rigstack.preflight import host
+
+    short = profile_at(tmp_path, "extends: rtxpro6000-1x-offload\nhardware:\n  host_ram_gib: 128\n")
+    result = model.kv_room(context(short))
+    assert_status(result, Status.FAIL, "host RAM: the offloaded experts take 159.5 GiB pinned, the rig has 128")
+    assert "pins every routed expert" in result.fix
+    # The profile's 182 GiB would do; this machine's free RAM is checked too (preflight runs on the rig).
+    monkeypatch.setattr(host, "meminfo", lambda: {"MemAvailable": 100.0})
+    assert_status(model.kv_room(context("rtxpro6000-1x-offload")), Status.FAIL, "this machine has 100.0 GiB free")
+    monkeypatch.setattr(host, "meminfo", lambda: {"MemAvailable": 170.0})
+    assert model.kv_room(context("rtxpro6000-1x-offload")).status is not Status.FAIL
