@@ -24,14 +24,13 @@ _EXL3_BITS = 8 * 23 / 39
 
 
 # Seed 001 publishes no gpu-memory-utilization: fitted on its first row (--fit), the other four rows predicted.
-_SEED001_UTIL = 0.937
+_SEED001_UTIL = 0.958
 _L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None, "gpu-memory-utilization": _SEED001_UTIL},
              "planner": {"bits": _FP8}}
 _MTP = {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}}
-# Seed 002's own block counts (the 8-card run): 2,433 drafter ("sidecar") ids against 277 core ids per 1M request
-# at 16-token drafter blocks gave 1.13 concurrent 1M requests, so its binding stage held about 1.13 x 2,710 = 3,060
-# blocks; without the drafter's ids the same blocks hold 3,060 / 277 = 11.06 requests of 1,048,576 tokens.
-SEED002_CORE_ONLY = int(round(1.13 * (2433 + 277) / 277 * 1_048_576, -4))
+# Seed 002's engine (its patch 0024) drew the drafter's sidecar ids from the pool at 256-token blocks; its logged
+# pool (6.62M, "about 6.3 concurrent 1M requests") is vLLM's get_kv_cache_capacity over core and sidecar ids.
+_SIDECAR = {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}}
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,8 @@ class Case:
     published: int
     approximate: bool = False  # the seed says "about"
     fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": _SEED001_UTIL fitted on it
-    # "own": the seed's engine held the drafter's KV apart from the pool, so the comparable plan does too (the
-    # pin's own figure, drafter KV in the pool, is shown beside it).
+    # "own" / "sidecar": the seed's engine held the drafter's KV apart from the pool, or as sidecar ids in it, so
+    # the comparable plan does too (the pin's own figure, drafter KV grouped by vLLM 0.32.0, is shown beside it).
     drafter_kv: DrafterKv = "pool"
     compared: str = ""  # what the published figure is, when it is not the seed's logged pool
 
@@ -52,10 +51,11 @@ CASES = (
     Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", {}, 1_025_573, fit="reserve", drafter_kv="own"),
     Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", {}, 1_600_895, drafter_kv="own"),
     Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", {}, 2_090_000, approximate=True, drafter_kv="own"),
-    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", {}, SEED002_CORE_ONLY, drafter_kv="own",
-         compared="6.62M published with sidecar ids; its block counts without them"),
-    Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", {"vllm": {"enable-prefix-caching": True}},
-         3_200_000, approximate=True, drafter_kv="own", compared="with sidecar ids (no block counts given)"),
+    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", _SIDECAR, 6_620_000, drafter_kv="sidecar",
+         compared="core and sidecar ids"),
+    Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", _merge(_SIDECAR, {
+        "vllm": {"enable-prefix-caching": True}}), 3_200_000, approximate=True, drafter_kv="sidecar",
+         compared="core and sidecar ids"),
     Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677, fit="util"),
     Case("seed 001 + FP8 KV", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": {"kv-cache-dtype": "fp8"}}), 561_895),
     Case("seed 001 + MTP k=3", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": _MTP}), 310_490),
@@ -82,7 +82,7 @@ def table(reserve: Reserve = RESERVE, seed001_util: float = _SEED001_UTIL) -> li
     for case in CASES:
         util = seed001_util if case.profile == "l40-8x-tp8" else None
         result = case_plan(case, reserve, util)
-        pin = case_plan(case, reserve, util, "pool") if case.drafter_kv == "own" else result
+        pin = case_plan(case, reserve, util, "pool") if case.drafter_kv != "pool" else result
         rows.append({"case": case.label, "published": case.published, "approximate": case.approximate,
                      "planned": result.pool_tokens, "ratio": result.pool_tokens / case.published,
                      "binding_stage": result.binding_stage, "starts": result.starts, "fit": case.fit,
