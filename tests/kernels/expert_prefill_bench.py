@@ -48,14 +48,14 @@ def _variant(name: str, layers: dict, resident: tuple[torch.Tensor, torch.Tensor
         return lambda: moe(x, *resident, ids, w)
     layer, params = layers[name == "masked"]
 
-    def apply(i: torch.Tensor, ww: torch.Tensor, first: bool) -> torch.Tensor:
-        return moe(x, params["w13"].data, params["w2"].data, i, ww)
+    def apply(xx: torch.Tensor, i: torch.Tensor, ww: torch.Tensor, first: bool) -> torch.Tensor:
+        return moe(xx, params["w13"].data, params["w2"].data, i, ww)
 
     def direct() -> torch.Tensor:
         with layer._on_host():
-            return apply(ids, w, True)
+            return apply(x, ids, w, True)
 
-    return direct if name == "direct" else lambda: layer._grouped(ids, w, apply)
+    return direct if name == "direct" else lambda: layer._grouped(x, ids, w, apply)
 
 
 def run(sizes: list[int], rounds: int) -> int:
