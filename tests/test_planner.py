@@ -510,7 +510,7 @@ def test_offload_short_of_host_ram_is_refused(tmp_path: Path) -> None:
     assert not short.starts and not short.host_fits
     assert short.refusal == "host RAM: the offloaded experts take 159.5 GiB pinned, the rig has 128 GiB " \
                             "(hardware.host_ram_gib)"
-    from rigstack.planner import report
+    from rigstack.output import planner as report
 
     shown = report.text({**short.to_json(), "target_sessions": 1.0})
     assert "host RAM, pinned for offloaded experts: stage 0 159.5 GiB; 159.5 GiB in all of the rig's 128" in shown
