@@ -91,9 +91,14 @@ def resident_hit_rate(rig: OffloadRig, offloaded_bytes: float) -> float:
     return 1.0 - offloaded_bytes / total
 
 
+def experts_in_budget(budget_bytes: float, layers: int, expert_bytes: float) -> int:
+    """Experts a layer that a budget spread evenly over the layers' caches holds (patch 0014's _BUDGET_GIB rule)."""
+    return int(budget_bytes // (layers * expert_bytes))
+
+
 def cache_experts_for_budget(rig: OffloadRig, budget_bytes: float) -> int:
     """Hot experts per layer that a GPU budget for the caches of all layers holds."""
-    per_layer = int(budget_bytes // (rig.layers * rig.expert_bytes))
+    per_layer = experts_in_budget(budget_bytes, rig.layers, rig.expert_bytes)
     if per_layer < 1:
         raise UserError(f"offload model: a cache budget of {budget_bytes / 2**30:.2f} GiB holds no expert per layer "
                         f"({rig.layers} layers x {rig.expert_bytes / 2**20:.1f} MiB); raise the budget")

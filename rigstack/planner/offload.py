@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rigstack.errors import UserError
+from rigstack.offload_model import experts_in_budget
 from rigstack.planner import weights as wt
 from rigstack.profiles import Profile
 
@@ -50,7 +51,7 @@ def _cache_size(profile: Profile, moe_layers: int, expert_bytes: float, n_expert
     if offload.hot_experts_per_layer is not None:
         size, what = offload.hot_experts_per_layer, f"offload.hot_experts_per_layer {offload.hot_experts_per_layer}"
     elif budget is not None:
-        size = int(float(budget) * GIB // (moe_layers * expert_bytes))
+        size = experts_in_budget(float(budget) * GIB, moe_layers, expert_bytes)
         what = f"{BUDGET_ENV}={budget} ({size} experts a layer)"
     else:
         raise UserError(f"profile {profile.name}: offload.hot_set is set but no cache size; give "
