@@ -222,6 +222,14 @@ def test_preflight_cpu_tiny_without_vllm_fails_clearly(tool_python: Path, tmp_pa
     assert not list((tmp_path / "tmp").iterdir())
 
 
+def test_published_pools_without_vllm_name_the_interpreter_to_use(tool_python: Path, tmp_path: Path) -> None:
+    """The README's `python -m rigstack.planner.published` plans with vLLM's classes: from the tool venv it says which
+    interpreter to run it with instead of a traceback."""
+    done = run(tool_python, "-m", "rigstack.planner.published", tmp=tmp_path)
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "has no vllm; run `" in done.stderr and "-m rigstack.planner.published`" in done.stderr
+
+
 def test_preflight_from_the_tool_venv_checks_the_serving_package(tool_python: Path, tiny_model: Path,
                                                                  tmp_path: Path) -> None:
     """Pointed at the serving venv's package, the tool venv's preflight finds the tiny model (keyed by that venv's

@@ -12,6 +12,10 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
+import typer
+
+from rigstack.cli import run
+from rigstack.errors import UserError
 from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
 from rigstack.profiles import Profile, _merge, load_profile
 
@@ -111,14 +115,21 @@ def fit() -> tuple[Reserve, float]:
     return reserve, round(util, 3)
 
 
-def main(argv: list[str]) -> int:
-    """This module's entry point: the rows here, their table in rigstack/output/planner.py."""
-    from rigstack.output.planner import show_published
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
-    reserve, util = fit() if "--fit" in argv else (RESERVE, _SEED001_UTIL)
+
+@app.command()
+def main(refit: bool = typer.Option(False, "--fit", help="refit the two constants on their cases first")) -> None:
+    """The seeds' published pools against the plan: the README's table, printed by rigstack/output/planner.py."""
+    from rigstack.output.planner import show_published
+    from rigstack.planner import has_vllm, serving_python
+
+    if not has_vllm():  # core.plan builds the KV specs with vLLM's own classes
+        raise UserError(f"the published pools are planned with vLLM's own code and {sys.executable} has no vllm; run "
+                        f"`{serving_python() or 'the serving interpreter'} -m rigstack.planner.published`")
+    reserve, util = fit() if refit else (RESERVE, _SEED001_UTIL)
     show_published(reserve, util, table(reserve, util))
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(run(app))
