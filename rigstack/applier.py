@@ -1,55 +1,42 @@
 """Apply the stack to a vLLM package with git: a baseline commit, one commit per patch, a stamp, a combined diff.
 
-Every patch is checked and committed in git's object store (against a scratch index) before the work tree is
-touched, so a stack that fails leaves the package exactly as it was. Only then does one checkout write the files
-the stack changes; a journal makes that last step recoverable if it is interrupted.
+Every patch is checked and committed in git's object store (against a scratch index, rigstack.patchseries) before
+the work tree is touched, so a stack that fails leaves the package exactly as it was. Only then does one checkout
+write the files the stack changes (rigstack.checkout); a journal makes that last step recoverable if it is
+interrupted (rigstack.journal), and one lock per real package keeps two runs apart (rigstack.lock). A patched
+package is read back by rigstack.patched.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import os
-import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from rigstack import __version__
+from rigstack import __version__, compiled, history, journal
 from rigstack.atomic import write_atomic
 from rigstack.baseline import (BinaryWriter, Fingerprint, PackageFile, Source, first_difference,
                                ignore_binaries, match_flavour, tracked_entries)
 from rigstack.cache import cache_dir
+from rigstack.checkout import check_free, checkout
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
-from rigstack.stack import SEPARATOR, Patch, Stack, stack_hash
-from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, read_stamp, write_stamp
-from rigstack.versions import FLAVOURS, Pins, package_version
+from rigstack.history import version_of
+from rigstack.invocation import command
+from rigstack.journal import JOURNAL
+from rigstack.lock import LOCK, target_lock
+from rigstack.patchseries import PatchResult, commit_series
+from rigstack.stack import Stack
+from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch
+from rigstack.versions import FLAVOURS, Pins
 
 COMBINED_DIFF = "all-changes-vs-baseline.diff"
-JOURNAL = "applying.json"
-LOCK = "lock"
-TRAILER = "Rigstack-Patch: "
-# Statuses that let the stack go on; any other stops it before anything is written.
-GOOD = ("applied", "offset", "already-applied")
-_OFFSET = re.compile(r"Hunk #(\d+) succeeded at (\d+) \(offset (-?\d+) lines?\)")
-_CHECKING = re.compile(r"Checking patch (.+)\.\.\.$")
-# What `git apply` says about a hunk that does not fit and a file that is not there (the importer reads them too).
-GIT_APPLY_FAILED_AT = re.compile(r"error: patch failed: (.+):(\d+)")
-GIT_APPLY_MISSING = re.compile(r"error: (.+): (does not exist in index|No such file)")
-
-
-@dataclass(frozen=True)
-class PatchResult:
-    id: str
-    file: str
-    status: str  # applied, offset, already-applied, fuzz, conflict, missing-file, compile-error, not-reached
-    detail: str = ""
 
 
 @dataclass(frozen=True)
@@ -74,7 +61,8 @@ class StackResult:
 def apply_stack(source: Source, stack: Stack, pins: Pins, out: Path | None = None, dry_run: bool = False,
                 notes: tuple[str, ...] = ()) -> StackResult:
     """Bring the package of `source` to exactly `stack` (idempotent); with dry_run, only report what would happen."""
-    package = source.package(pins, out)
+    # The real path: through a symlink the state folder (git dir, journal, lock) would be another one.
+    package = Path(os.path.realpath(source.package(pins, out)))
     state = state_dir_for(package)
     if dry_run and not state.exists():
         return _apply_locked(package, source, stack, pins, dry_run, notes)  # a fresh target: nothing to guard
@@ -88,11 +76,11 @@ def _apply_locked(package: Path, source: Source, stack: Stack, pins: Pins, dry_r
     repo = PackageRepo(package)
     if not dry_run:
         notes = notes + _remove_leftovers(repo, source)
-    if repo.exists and (read_stamp(package) is not None or (repo.git_dir.parent / JOURNAL).exists()):
+    if repo.exists and _holds_history(repo):
         return _update(repo, source, stack, pins, dry_run, notes)
     if repo.exists and not dry_run:
-        # A first apply killed before its checkout (which writes the journal first) left only the state beside the
-        # package; the package itself was never touched. Start over.
+        # A first apply killed before its checkout (which writes the index, then the journal) left only a baseline
+        # commit beside the package; the package itself was never touched. Start over.
         _forget(repo)
         notes = notes + ("removed what an interrupted first apply had left beside the package",)
     if source.in_place:
@@ -114,52 +102,15 @@ def _apply_locked(package: Path, source: Source, stack: Stack, pins: Pins, dry_r
     return _first_apply_extracted(package, source, stack, pins, dry_run, notes)
 
 
-@contextmanager
-def target_lock(state: Path, target: Path, what: str = "apply") -> Iterator[None]:
-    """One apply (or port) at a time per target: an flock on a file in its state folder, holding the owner's pid.
-
-    The kernel drops an flock when its process dies, so a killed run never blocks the next one. Folders made only
-    to hold the lock are removed again when nothing else was put in them."""
-    missing = [folder for folder in (state, *state.parents) if not folder.exists()]
-    state.mkdir(parents=True, exist_ok=True)
-    path = state / LOCK
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 20, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise UserError(f"another {what} (pid {holder}) is working on {target}; wait for it to finish, "
-                            "then rerun") from None
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            break
-        os.close(fd)  # the holder removed the file after we opened it: take the lock on the new one
-    try:
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        if [entry.name for entry in state.iterdir()] == [LOCK]:
-            path.unlink()
-            for folder in missing:
-                try:
-                    folder.rmdir()
-                except OSError:  # someone else's files arrived meanwhile
-                    break
-        os.close(fd)
-
-
 def _remove_leftovers(repo: PackageRepo, source: Source) -> tuple[str, ...]:
     """What killed runs left (under the lock, so no other run is using it): git's lock files, staging folders."""
     notes = []
     stale = repo.remove_stale_locks()
     if stale:
         notes.append(f"removed git's {', '.join(stale)} left by a killed run")
+    for partial in journal.leftover_temporaries(repo.git_dir.parent):
+        partial.unlink()
+        notes.append(f"removed {partial.name}, a journal a killed run was still writing (its checkout never began)")
     if not source.in_place:
         out = repo.package.parent
         staged = sorted(out.parent.glob(f".{out.name}.tmp-*")) if out.parent.is_dir() else []
@@ -174,7 +125,7 @@ def _refuse_unwritable(package: Path, source: Source) -> None:
     """Name the read-only folder before any work: git's own failures there read like a patch problem."""
     state = state_dir_for(package)
     folder = state if state.exists() else next(path for path in (package.parent, *package.parents) if path.exists())
-    needed = [folder] + ([package] if source.in_place and package.is_dir() else [])
+    needed = [folder] + ([package] if package.is_dir() else [])  # a wheel's package too, once laid
     for path in needed:
         if not os.access(path, os.W_OK):
             raise UserError(f"{path} is not writable; make it writable or "
@@ -243,14 +194,7 @@ def _refuse_small_disk(out: Path, source: Source, pins: Pins) -> None:
     text = sum(info.file_size for info in files if not info.filename.endswith(".so"))
     # The package, plus the baseline pack (uncompressed text) and the index.
     needed = sum(info.file_size for info in files) + text + (8 << 20)
-    _check_free(out.parent, needed)
-
-
-def _check_free(folder: Path, needed: int) -> None:
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise UserError(f"{folder} has {free / 1e6:.0f} MB free but this apply needs {needed / 1e6:.0f} MB; free "
-                        f"{(needed - free) / 1e6:.0f} MB or pass another --out; nothing was changed")
+    check_free(out.parent, needed)
 
 
 def _binary_cache(source: Source, pins: Pins) -> Path | None:
@@ -288,13 +232,49 @@ def _first_apply(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dr
                      "read-tree", "-u", "--reset", final)
             work.run("update-ref", "refs/heads/rigstack", final)
             binaries.wait()
-            write_stamp(repo.package, stamp)
+            _record_compiled(work, source, pins, flavour, untracked)
+            history.record(repo, stamp)
         else:
+            _record_compiled(work, source, pins, flavour, untracked)
             work.run("read-tree", baseline)
             # The index knows no stat data yet; one refresh (hashing what it must) lets the checkout trust it.
             work.run("update-index", "-q", "--refresh")
-            _checkout(work, baseline, final, stamp)
-        return _finish(result, work)
+            checkout(work, baseline, final, stamp)
+        return _finish(result, work, stamp)
+
+
+def _record_compiled(repo: PackageRepo, source: Source, pins: Pins, flavour: str, untracked: list[str]) -> None:
+    """Keep what the package's compiled files hash to: a folder's are checked against its wheel's RECORD first; a
+    wheel's were just copied from the cache of the wheel whose sha256 was checked; an image's are taken as found."""
+    copied = source.pinned_wheel(pins) is not None
+    reference = compiled.reference_of(repo.package, pins, flavour) if copied or source.in_place else \
+        compiled.Reference({})
+    paths = [path for path in untracked if compiled.is_compiled(path)]
+    manifest, wrong = compiled.survey(repo.package, paths, reference, copied)
+    if wrong:
+        raise compiled.refusal(repo.package, wrong, manifest, pins, flavour)
+    compiled.save(repo.git_dir.parent, manifest)
+
+
+def _refuse_changed_compiled(repo: PackageRepo, pins: Pins, flavour: str, dry_run: bool) -> None:
+    """A write into a compiled file is an edit git cannot see: named, like edits of text files, before any work."""
+    manifest, wrong = compiled.check(repo, pins, flavour)
+    if wrong:
+        raise compiled.refusal(repo.package, wrong, manifest, pins, flavour)
+    if not dry_run and manifest != compiled.load(repo.git_dir.parent):
+        compiled.save(repo.git_dir.parent, manifest)  # fresh stat data, or the first manifest of an older package
+
+
+def _holds_history(repo: PackageRepo) -> bool:
+    """Whether the state beside the package is a record to keep (a stamp, a journal, a checkout's index or a patch
+    commit): the stamp is then rebuilt from it. A first apply killed before its checkout leaves none of them."""
+    if not repo.package.is_dir():
+        return False  # a wheel apply killed between moving its history and its package into place
+    kept = (repo.package / STAMP_NAME, journal.journal_path(repo.git_dir.parent), repo.git_dir / "index")
+    if any(path.exists() for path in kept):
+        return True
+    head = repo.rev("HEAD")
+    return head is not None and head != repo.root(head)
 
 
 def _forget(repo: PackageRepo) -> None:
@@ -310,25 +290,24 @@ def _forget(repo: PackageRepo) -> None:
 def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run: bool,
             notes: tuple[str, ...]) -> StackResult:
     """A package rigstack patched before: recover, refuse user edits, then no-op, or replay only the changed tail."""
-    recovered = () if dry_run else _recover(repo)
-    notes = notes + recovered
+    if not (repo.git_dir / "index").exists() and repo.rev("HEAD"):
+        repo.run("read-tree", "HEAD")  # a lost index is rebuilt from the history, or every file would look changed
+    notes = notes + (() if dry_run else journal.recover(repo))
     dirty = repo.dirty_files()
     if dirty:
         more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
         raise UserError(f"{repo.package} has changes that are not in the stack ({dirty[0]}{more}); nothing was "
                         f"touched. Keep them as a patch, or discard them with `git --git-dir={repo.git_dir} "
                         f"--work-tree={repo.package} checkout -- .`")
-    stamp = read_stamp(repo.package)
-    head = repo.rev("HEAD")
-    if stamp is None or head is None:
-        raise UserError(f"{repo.package}: the stamp or the history in {repo.git_dir.parent} is missing; remove "
+    checked = history.check(repo, pins, source.flavour)
+    if checked is None:
+        raise UserError(f"{repo.package}: the history in {repo.git_dir.parent} is missing (no commit); remove "
                         f"{repo.git_dir.parent} and reapply")
-    baseline = repo.root(head)
-    applied = _applied_patches(repo, baseline, head)
-    wrong = _stamp_disagreement(repo, stamp, baseline, head, applied, pins)
+    stamp, baseline, head, applied, wrong = (checked.stamp, checked.baseline, checked.head, checked.applied,
+                                             checked.wrong)
+    _refuse_changed_compiled(repo, pins, stamp.flavour, dry_run)
     if wrong:
         # The history is the record; the stamp is derived from it, so a stamp that was edited is rebuilt, not trusted.
-        stamp = _stamp_from_history(repo, baseline, head, applied, pins, stamp.flavour)
         notes = notes + (f"the stamp disagreed with the package's git history ({wrong}); "
                          f"{'would rewrite' if dry_run else 'rewrote'} it from the history",)
     keep = 0
@@ -338,7 +317,7 @@ def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run
         keep += 1
     if keep == len(applied) == len(stack.patches):
         if wrong and not dry_run:
-            write_stamp(repo.package, stamp)
+            history.record(repo, stamp)
         return StackResult(str(repo.package), source.label, stamp.flavour, stamp.baseline_fingerprint,
                            stack.stack_hash, tuple(PatchResult(p.id, p.file, p.status) for p in stamp.patches),
                            notes + ("already applied: the package's history holds this stack; nothing to do",),
@@ -352,35 +331,9 @@ def _update(repo: PackageRepo, source: Source, stack: Stack, pins: Pins, dry_run
                              stack.stack_hash, tuple(kept + results), notes, error, dry_run=dry_run)
         if error or dry_run:
             return result
-        _checkout(work, head, final, _stamp_for(work, result, baseline, final, kept + results, stack))
-        return _finish(result, work)
-
-
-def _stamp_disagreement(repo: PackageRepo, stamp: Stamp, baseline: str, head: str,
-                        applied: list[tuple[str, StampedPatch]], pins: Pins | None) -> str | None:
-    """The first stamp field the package's git history (or, with pins, the pinned fingerprint) contradicts."""
-    patches = tuple(done for _, done in applied)
-    expected = {"head_commit": head, "baseline_commit": baseline, "patches": patches,
-                "stack_hash": stack_hash(patches), "vllm_version": _version_of(repo, baseline)}
-    wrong = next((name for name, value in expected.items() if getattr(stamp, name) != value), None)
-    pinned = pins.fingerprint(stamp.flavour) if pins and stamp.flavour in FLAVOURS else None
-    if wrong is None and pinned and pinned != stamp.baseline_fingerprint:
-        wrong = "baseline_fingerprint"
-    return wrong
-
-
-def _stamp_from_history(repo: PackageRepo, baseline: str, head: str, applied: list[tuple[str, StampedPatch]],
-                        pins: Pins, flavour: str) -> Stamp:
-    """Every field of a stamp read back from git: the baseline's files, its commit message, the patch commits."""
-    printer = Fingerprint()
-    for path, data in repo.file_blobs(baseline, ".py"):
-        printer.add(path, data)
-    patches = tuple(done for _, done in applied)
-    label = repo.message(baseline).removeprefix("baseline: ").strip()
-    return Stamp(tool_version=__version__, vllm_version=_version_of(repo, baseline),
-                 flavour=match_flavour(printer.value, pins) or flavour, source=label,
-                 baseline_fingerprint=printer.value, baseline_commit=baseline, head_commit=head,
-                 stack_hash=stack_hash(patches), patches=patches)
+        stamp = _stamp_for(work, result, baseline, final, kept + results, stack)
+        checkout(work, head, final, stamp)
+        return _finish(result, work, stamp)
 
 
 def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
@@ -395,168 +348,7 @@ def _verify_baseline(printer: Fingerprint, source: Source, pins: Pins) -> str:
     flavours = (source.flavour,) if source.flavour else FLAVOURS
     raise UserError(f"{source.label} is not the pinned vLLM {pins.vllm_version} baseline: first difference "
                     f"{first_difference(printer.files, pins, flavours)}; start from a pristine package "
-                    f"(`python apply.py apply --from wheel`)")
-
-
-def commit_series(repo: PackageRepo, start: str,
-                  patches: tuple[Patch, ...] | list[Patch]) -> tuple[list[PatchResult], str, str | None]:
-    """Apply each patch to a scratch index and commit it; stop at the first that does not apply."""
-    results: list[PatchResult] = []
-    parent = start
-    with tempfile.TemporaryDirectory(prefix="rigstack-index-") as tmp:
-        index = Path(tmp) / "index"
-        repo.read_tree_into(index, repo.tree_of(start))
-        for position, patch in enumerate(patches):
-            result = _apply_one(repo, patch, index)
-            results.append(result)
-            if result.status not in GOOD:
-                results += [PatchResult(p.id, p.file, "not-reached") for p in patches[position + 1:]]
-                return results, parent, _failure_message(patch, result)
-            tree = repo.write_tree(index)
-            parent = repo.commit_tree(tree, parent, commit_message(patch, result.status))
-        _refuse_symlinked_paths(repo, start, parent)
-        broken = _compile_errors(repo, start, parent, patches)
-        if broken:
-            patch_id, message = broken
-            results = [PatchResult(r.id, r.file, "compile-error", message) if r.id == patch_id else r
-                       for r in results]
-            return results, parent, f"patch {patch_id}: {message}; fix the patch"
-    return results, parent, None
-
-
-def _apply_one(repo: PackageRepo, patch: Patch, index: Path) -> PatchResult:
-    forward = repo.apply_to_index(patch.path, index)
-    if forward.ok:
-        offsets = _offsets(forward.output)
-        if offsets:
-            return PatchResult(patch.id, patch.file, "offset", f"needs refresh: {offsets}")
-        return PatchResult(patch.id, patch.file, "applied")
-    if repo.apply_to_index(patch.path, index, "--check", "-R").ok:
-        # The baseline was verified pristine, so a change already in it came from upstream.
-        return PatchResult(patch.id, patch.file, "already-applied",
-                           "its change is already in the baseline (looks upstreamed)")
-    missing = GIT_APPLY_MISSING.search(forward.output)
-    if missing:
-        return PatchResult(patch.id, patch.file, "missing-file", f"{missing.group(1)} does not exist in the package")
-    failed = GIT_APPLY_FAILED_AT.search(forward.output)
-    where = _hunk_at(patch, failed.group(1), int(failed.group(2))) if failed else "a hunk"
-    tree = repo.write_tree(index)
-    lead = looks_upstreamed(*lines_already_there(patch, lambda path: repo.blob_text(tree, path)), "the baseline")
-    but = f", but it {lead} (drop it if the baseline does what it does)" if lead else ""
-    if repo.apply_to_index(patch.path, index, "--check", "-C1").ok:
-        return PatchResult(patch.id, patch.file, "fuzz", f"{where} applies only with fuzz{but}")
-    return PatchResult(patch.id, patch.file, "conflict", f"{where} does not apply{but}")
-
-
-def _offsets(output: str, shown: int = 3) -> str:
-    """The hunks git applied at other lines, by file (git numbers hunks per file); empty when none moved."""
-    moved, path = [], ""
-    for line in output.splitlines():
-        checking, offset = _CHECKING.match(line), _OFFSET.match(line)
-        path = checking.group(1) if checking else path
-        if offset:
-            moved.append((path, f"hunk {offset.group(1)} by {int(offset.group(3)):+d} lines"))
-    by_file: dict[str, list[str]] = {}
-    for path, hunk in moved[:shown]:
-        by_file.setdefault(path, []).append(hunk)
-    listed = "; ".join(f"vllm/{path}: {', '.join(hunks)}" for path, hunks in by_file.items())
-    left = len(moved) - shown
-    return listed + (f" and {left} more hunk{'s' if left > 1 else ''}" if left > 0 else "")
-
-
-LOOKS_UPSTREAMED = 0.8  # a conflicting patch with this share of its added lines already there was most likely taken
-
-
-def lines_already_there(patch: Patch, text_of: Callable[[str], str | None],
-                        before_of: Callable[[str], str | None] = lambda path: None) -> tuple[int, int]:
-    """(how many of the lines the patch adds text_of(path) already holds, how many it adds). Blank lines, and lines
-    that were there before it (its own context and removed lines, and before_of(path)), say nothing about the change
-    having been taken, so they do not count."""
-    present = added = 0
-    for path, hunks in patch.hunks.items():
-        body = [text for hunk in hunks for text in hunk.lines]
-        before = _stripped_lines(before_of(path)) | {text[1:].strip() for text in body if not text.startswith("+")}
-        there = _stripped_lines(text_of(path))
-        for line in (text[1:].strip() for text in body if text.startswith("+")):
-            if line and line not in before:
-                added += 1
-                present += line in there
-    return present, added
-
-
-def looks_upstreamed(present: int, added: int, where: str) -> str:
-    """The words for a conflict whose added lines are mostly in `where` already; empty for any other."""
-    if not added or present / added < LOOKS_UPSTREAMED:
-        return ""
-    return f"looks upstreamed: {present} of the {added} lines it adds ({100 * present // added}%) are in {where}"
-
-
-def _stripped_lines(text: str | None) -> set[str]:
-    return {line.strip() for line in (text or "").splitlines()}
-
-
-def _hunk_at(patch: Patch, path: str, line: int) -> str:
-    hunk = next((hunk for hunk in patch.hunks.get(path, []) if hunk.old_start == line), None)
-    return f"hunk {hunk.number} of vllm/{path} (line {line})" if hunk else f"vllm/{path} at line {line}"
-
-
-def _failure_message(patch: Patch, result: PatchResult) -> str:
-    # The baseline was verified to be the pin: a patch that does not fit it was made against other source.
-    advice = "Refresh the patch against the pinned vLLM (patches/README.md says how)" \
-        if result.status in ("fuzz", "conflict") else "Check the baseline or drop the patch"
-    return f"patch {patch.file}: {result.detail}. {advice}; nothing was written."
-
-
-def _refuse_symlinked_paths(repo: PackageRepo, old: str, new: str) -> None:
-    """A file the stack writes must not sit under a symlink: the write would land outside the package."""
-    root = repo.package.resolve()
-    for path in repo.changed_files(old, new):
-        parent = (repo.package / path).parent
-        if parent.exists() and not parent.resolve().is_relative_to(root):
-            raise UserError(f"the stack writes vllm/{path}, but {parent} is a symlink out of the package; "
-                            "remove the link or the patch")
-
-
-def _compile_errors(repo: PackageRepo, start: str, commit: str,
-                    patches: tuple[Patch, ...] | list[Patch]) -> tuple[str, str] | None:
-    """Compile every Python file git changed between start and commit, before any of it reaches the work tree.
-
-    The list comes from git, not from the patch parser: whatever git applied is checked, even a file the parser
-    did not see."""
-    for path in repo.changed_files(start, commit):
-        if not path.endswith(".py"):
-            continue
-        # Blame the last patch that names the file; git's list and the parser's agree for every accepted patch.
-        owner = next((patch for patch in reversed(patches) if path in patch.touched_files), patches[-1])
-        try:
-            compile(repo.run("cat-file", "blob", f"{commit}:{path}"), f"vllm/{path}", "exec")
-        except SyntaxError as error:
-            return owner.id, f"vllm/{path} line {error.lineno} does not compile ({error.msg})"
-    return None
-
-
-def commit_message(patch: Patch, status: str) -> str:
-    # A short first line keeps `git log --oneline` readable; export drops it again.
-    return (f"{patch.id}: {patch.header.subject}\n\n{patch.header_text}\n{TRAILER}{patch.file}\n"
-            f"Rigstack-Id: {patch.id}\nRigstack-Sha256: {patch.sha256}\nRigstack-Status: {status}\n")
-
-
-def _trailers(message: str) -> dict[str, str]:
-    _, _, block = message.rpartition("\n" + TRAILER)
-    lines = (TRAILER + block).splitlines() if block else []
-    return {key: value for key, _, value in (line.partition(": ") for line in lines)}
-
-
-def _applied_patches(repo: PackageRepo, baseline: str, head: str) -> list[tuple[str, StampedPatch]]:
-    """(commit, what it applied) for each patch commit on the package's history, from the commits' trailers."""
-    entries = []
-    for commit, message in repo.log(baseline, head):
-        trailer = _trailers(message)
-        file = trailer.get("Rigstack-Patch", "")
-        entries.append((commit, StampedPatch(id=trailer.get("Rigstack-Id", file[:4]), file=file,
-                                             sha256=trailer.get("Rigstack-Sha256", ""),
-                                             status=trailer.get("Rigstack-Status", "applied"))))
-    return entries
+                    f"(`{command('apply --from wheel')}`)")
 
 
 @contextmanager
@@ -576,47 +368,14 @@ def _scratch_git(repo: PackageRepo, dry_run: bool, reuse: bool = False) -> Itera
 
 def _stamp_for(repo: PackageRepo, result: StackResult, baseline: str, head: str, results, stack: Stack) -> Stamp:  # noqa: ANN001
     by_id = {patch.id: patch for patch in stack.patches}
-    return Stamp(tool_version=__version__, vllm_version=_version_of(repo, baseline), flavour=result.flavour,
+    return Stamp(tool_version=__version__, vllm_version=version_of(repo, baseline), flavour=result.flavour,
                  source=result.source, baseline_fingerprint=result.fingerprint, baseline_commit=baseline,
                  head_commit=head, stack_hash=stack.stack_hash,
                  patches=tuple(StampedPatch(id=r.id, file=r.file, sha256=by_id[r.id].sha256, status=r.status)
                                for r in results))
 
 
-def _version_of(repo: PackageRepo, commit: str) -> str:
-    return package_version((repo.blob_text(commit, "_version.py") if commit else None) or "") or "unknown"
-
-
-def _checkout(repo: PackageRepo, old: str, new: str, stamp: Stamp) -> None:
-    """The one step that writes the package; a journal beside it lets the next run finish an interrupted one."""
-    changed = repo.changed_files(old, new)
-    # What the checkout writes, plus room for the index it rewrites and the stamp.
-    _check_free(repo.package, repo.blob_sizes(new, changed) + 2 * _size(repo.git_dir / "index") + (1 << 20))
-    journal = repo.git_dir.parent / JOURNAL
-    journal.write_text(json.dumps({"target": new, "stamp": stamp.to_dict()}))
-    repo.checkout(old, new)
-    write_stamp(repo.package, stamp)
-    journal.unlink()
-
-
-def _size(path: Path) -> int:
-    return path.stat().st_size if path.is_file() else 0
-
-
-def _recover(repo: PackageRepo) -> tuple[str, ...]:
-    journal = repo.git_dir.parent / JOURNAL
-    if not journal.is_file():
-        return ()
-    entry = json.loads(journal.read_text())
-    repo.reset_hard(entry["target"])
-    write_stamp(repo.package, Stamp.from_dict(entry["stamp"]))
-    journal.unlink()
-    return (f"recovered an interrupted apply: the package now holds {entry['target'][:12]}",)
-
-
-def _finish(result: StackResult, repo: PackageRepo) -> StackResult:
-    stamp = read_stamp(repo.package)
-    assert stamp is not None
+def _finish(result: StackResult, repo: PackageRepo, stamp: Stamp) -> StackResult:
     diff_path = write_atomic(repo.git_dir.parent / COMBINED_DIFF, repo.diff(stamp.baseline_commit, stamp.head_commit))
     return _replace(result, written=True, combined_diff=str(diff_path))
 
@@ -630,67 +389,3 @@ def _replace(result: StackResult, **changes) -> StackResult:  # noqa: ANN003
     return StackResult(**{**asdict(result), "patches": result.patches, **changes})
 
 
-# --- reading a patched package --------------------------------------------------------------------------------------
-
-def _patched_repo(package: Path) -> tuple[PackageRepo, Stamp]:
-    repo = PackageRepo(package.absolute())
-    stamp = read_stamp(package)
-    if not repo.exists or stamp is None:
-        raise UserError(f"{package} was not patched by rigstack (no stamp or no {repo.git_dir}); "
-                        f"run `python apply.py apply --from dir:{package}`")
-    return repo, stamp
-
-
-def status(package: Path) -> dict:
-    """What is applied to a package, from its stamp and its git history."""
-    repo, stamp = _patched_repo(package)
-    head = repo.rev("HEAD")
-    baseline = repo.root(head) if head else ""
-    applied = _applied_patches(repo, baseline, head) if head else []
-    commits = {done.file: commit for commit, done in applied}
-    wrong = _stamp_disagreement(repo, stamp, baseline, head, applied, None) if head else "head_commit"
-    return {
-        "package": str(package), "vllm_version": stamp.vllm_version, "flavour": stamp.flavour,
-        "source": stamp.source, "stack_hash": stamp.stack_hash, "baseline_fingerprint": stamp.baseline_fingerprint,
-        "stamp_matches_history": wrong is None,
-        "stamp_disagrees_on": wrong,
-        "dirty_files": repo.dirty_files(),
-        "patches": [{"id": p.id, "file": p.file, "status": p.status, "commit": commits.get(p.file, "")}
-                    for p in stamp.patches],
-    }
-
-
-def export(package: Path, to: Path) -> list[Path]:
-    """Regenerate the patch files from the package's commits (header from the message, diff from git).
-
-    A patch whose change the baseline already held (already-applied) made a commit with no diff: there is nothing to
-    regenerate it from. The others are written, then an error names the ones left out, so a script that replaces
-    patches/ with the export stops before it loses them."""
-    repo, stamp = _patched_repo(package)
-    to.mkdir(parents=True, exist_ok=True)
-    written, left_out = [], []
-    commits = repo.log(stamp.baseline_commit, stamp.head_commit)
-    for commit, message in commits:
-        trailer = _trailers(message)
-        header = message[message.index("\n\n") + 2: message.rindex("\n" + TRAILER)]
-        diff = repo.diff(commit + "^", commit, renames=True)  # an imported rename stays one, as it was written
-        if not diff:
-            left_out.append(trailer["Rigstack-Patch"])
-            continue
-        written.append(write_atomic(to / trailer["Rigstack-Patch"], header + SEPARATOR + diff))
-    if left_out:
-        raise UserError(f"{to}: wrote {len(written)} of {len(commits)} patch files; left out {', '.join(left_out)}: "
-                        "the baseline already held their change (already-applied), so their commits hold no diff "
-                        "to export. Keep the original patch files as they are")
-    return written
-
-
-def combined_diff(package: Path) -> str:
-    repo, stamp = _patched_repo(package)
-    return repo.diff(stamp.baseline_commit, stamp.head_commit)
-
-
-def laid_files(package: Path) -> list[str]:
-    """Package-relative files the stack added or changed, plus the stamp: what an image lays over its base."""
-    repo, stamp = _patched_repo(package)
-    return repo.changed_files(stamp.baseline_commit, stamp.head_commit) + [STAMP_NAME]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import io
 import os
 import re
 import shutil
 import stat
-import subprocess
-import sys
 import tarfile
-import tempfile
 import zipfile
 from fnmatch import fnmatch
 from collections.abc import Callable, Iterator
@@ -23,9 +19,11 @@ from typing import ClassVar
 
 from rigstack.atomic import replacing, temp_glob
 from rigstack.cache import wheels_dir
+from rigstack.compiled import wheel_record
 from rigstack.errors import UserError
 from rigstack.stamp import STAMP_NAME
 from rigstack.versions import FLAVOURS, Pins, package_version, release_of
+from rigstack.wheelindex import pip_download, release_wheel
 
 PACKAGE = "vllm"
 _BINARY_SUFFIXES = (".so", ".pyc")
@@ -237,15 +235,7 @@ def first_difference(files: dict[str, str], pins: Pins, flavours: tuple[str, ...
 
 
 def _record_hashes(wheel: Path) -> dict[str, str]:
-    hashes: dict[str, str] = {}
-    with zipfile.ZipFile(wheel) as archive:
-        record = next(name for name in archive.namelist() if name.endswith(".dist-info/RECORD"))
-        for line in archive.read(record).decode().splitlines():
-            name, digest, _ = line.rsplit(",", 2)
-            if name.startswith(PACKAGE + "/") and name.endswith(".py") and digest.startswith("sha256="):
-                raw = base64.urlsafe_b64decode(digest[7:] + "==")
-                hashes[name[len(PACKAGE) + 1:]] = raw.hex()
-    return hashes
+    return {path: digest for path, digest in wheel_record(wheel).items() if path.endswith(".py")}
 
 
 # --- reading a package ---------------------------------------------------------------------------------------------
@@ -277,7 +267,7 @@ def _cached_wheel(pins: Pins, flavour: str) -> Path:
     dist, wheel_name, _ = pins.wheel(flavour)
     wheel = wheels_dir() / wheel_name
     if not wheel.is_file():
-        fetched = _pip_download(dist, pins.vllm_version)
+        fetched = pip_download(dist, pins.vllm_version, pinned=wheel_name)
         if fetched is None or fetched != wheel:
             raise UserError(f"the index has no {wheel_name}; check VLLM_VERSION and the wheel names in versions.env")
     return wheel
@@ -294,7 +284,8 @@ def checked_release_wheel(dist: str, version: str, expected: str | None, option:
     hash the user passed with `option`)."""
     wheel = release_wheel(dist, version)
     if wheel is None:
-        raise UserError(f"PyPI has no {dist} release {version}; check the version with `pip index versions {dist}`")
+        raise UserError(f"the package index has no {dist} {version} wheel that installs on this machine (pip's "
+                        f"choice for this interpreter); check the version with `pip index versions {dist}`")
     actual = sha256_of(wheel)
     if expected and actual != expected.lower():
         raise UserError(f"{wheel}: sha256 {actual} does not match {option} {expected}; check the hash, or delete "
@@ -313,47 +304,6 @@ def base_wheel(source: Source, pins: Pins, sha256: str | None = None) -> tuple[P
     wheel, actual = checked_release_wheel("vllm", source.version, sha256 or pinned,
                                           "--base-sha256" if sha256 else "the pin in versions.env")
     return wheel, actual, source.version
-
-
-def release_wheel(dist: str, version: str) -> Path | None:
-    """The wheel of dist==version from the cache, else downloaded into it; None when the index has no such release.
-
-    Nothing pins this wheel's sha256 yet: the caller records and shows it (and checks a --sha256 the user gave)."""
-    prefix = f"{dist.replace('-', '_')}-{version}-"
-    cached = sorted(path for path in wheels_dir().glob(f"{prefix}*.whl") if "x86_64" in path.name)
-    return cached[0] if cached else _pip_download(dist, version)
-
-
-def _pip_download(dist: str, version: str) -> Path | None:
-    """dist==version's x86_64 wheel, downloaded into the cache by pip; None when the index has no such release."""
-    cache = wheels_dir()
-    with tempfile.TemporaryDirectory(dir=cache, prefix=".download-") as tmp:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                   "--platform", "manylinux_2_28_x86_64", "--implementation", "cp", "--abi", "abi3",
-                   "--python-version", "3.11", "--dest", tmp, f"{dist}=={version}"]
-        # pip's progress bar goes to stderr with everything else for people: stdout may carry --json.
-        result = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-        fetched = sorted(Path(tmp).glob("*.whl"))
-        if result.returncode != 0 or not fetched:
-            reason = _pip_reason(result.stderr)
-            if reason == "no such release":
-                return None
-            raise UserError(f"could not download {dist}=={version} ({reason}); with no network, put the wheel in "
-                            f"{cache}/ and rerun")
-        target = cache / fetched[0].name
-        os.replace(fetched[0], target)
-        return target
-
-
-def _pip_reason(stderr: str) -> str:
-    lines = [line.strip() for line in stderr.splitlines() if line.strip()]
-    # pip says "(from versions: none)" both when the index is unreachable and when it has never heard of the
-    # project; a reachable index lists the releases it does have.
-    if any("(from versions: none)" in line for line in lines):
-        return "the package index did not answer (no network?) or lists no such project"
-    if any("No matching distribution" in line for line in lines):
-        return "no such release"
-    return lines[-1][:160] if lines else "pip failed"
 
 
 def sha256_of(path: Path) -> str:

@@ -2,105 +2,77 @@
 
 Connection failures become one-line UserErrors; an HTTP error on one request of a sweep is a failed Reply (counted
 by the caller), because a load test must report failures rather than stop at the first one. Every request has an
-overall deadline (httpx's timeouts are per read, so a server that drips a byte at a time would never time out), and
-whatever the server sends back is scrubbed of the credentials before anything keeps it.
+overall deadline (httpx's timeouts are per read, so a server that drips a byte at a time would never time out) and
+every answer a size bound (a server that sends hundreds of MB would otherwise take the memory and, once parsed, the
+deadline with it); a server that accepts the connection and then says nothing has timed out, it is not down. Whatever
+the server sends back is scrubbed of the credentials before anything keeps it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
-import os
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 
+from rigstack.endpoint import Endpoint
 from rigstack.errors import UserError
+from rigstack.invocation import command
 
 DEFAULT_TIMEOUT_S = 600.0
-START_HINT = "start the server with `python scripts/run_prod.py --profile NAME`"
-REDACTED = "***"
-# A bare password shorter than this is not blanked on its own (it would blank ordinary words in answers); its
-# user:password and base64 forms, which are what an echoing server sends back, always are.
-MIN_BARE_SECRET = 4
-
-
-@dataclass(frozen=True)
-class Endpoint:
-    """Where the server is. `url` never holds credentials: a user:password@ part moves to `auth` (sent as HTTP
-    basic auth), so every printed or recorded URL is clean. Neither the key nor auth appears in repr()."""
-
-    url: str
-    model: str
-    api_key: str | None = field(default=None, repr=False)
-    auth: tuple[str, str] | None = field(default=None, repr=False)
-
-    def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
-        if "@" in parts.netloc:
-            userinfo, _, host = parts.netloc.rpartition("@")
-            user, _, password = userinfo.partition(":")
-            # frozen dataclass: __post_init__ is the one place that may still set fields
-            object.__setattr__(self, "auth", (unquote(user), unquote(password)))
-            object.__setattr__(self, "url", urlunsplit(parts._replace(netloc=host)))
-
-    @property
-    def base(self) -> str:
-        """The URL without a trailing /v1, so both spellings of --url work."""
-        url = self.url.rstrip("/")
-        return url[:-3] if url.endswith("/v1") else url
-
-    @property
-    def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-
-    @property
-    def secrets(self) -> tuple[str, ...]:
-        """Every spelling of the credentials a server could echo back (the header's too), longest first."""
-        found = [self.api_key] if self.api_key else []
-        if self.auth:
-            user, password = self.auth
-            pair = f"{user}:{password}"
-            found += [pair, base64.b64encode(pair.encode()).decode()]
-            if len(password) >= MIN_BARE_SECRET:
-                found.append(password)
-        return tuple(sorted({secret for secret in found if secret}, key=len, reverse=True))
-
-    def redact(self, value: Any) -> Any:
-        """value (text, or lists/dicts of it) with every secret replaced by ***."""
-        return redact(value, self.secrets)
-
-
-def redact(value: Any, secrets: tuple[str, ...]) -> Any:
-    if not secrets:
-        return value
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {redact(key, secrets): redact(item, secrets) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact(item, secrets) for item in value)
-    return value
-
-
-def api_key_from_env(env_var: str | None) -> str | None:
-    """The key is read from an env var (never a command-line value, which would land in shell history and ps)."""
-    if not env_var:
-        return None
-    key = os.environ.get(env_var)
-    if not key:
-        raise UserError(f"API key variable {env_var} is not set; `export {env_var}=...` or drop --api-key-env")
-    return key
+START_HINT = f"start the server with `{command('serve --profile NAME')}`"
+# The most one answer (a whole body, or a whole stream) may hold: far above any reply of these probes (a 128k-token
+# stream is about 30 MiB), far below what would take a host's memory.
+MAX_BODY_BYTES = 64 << 20
+TOO_LARGE = f"the answer is over the {MAX_BODY_BYTES >> 20} MiB limit of one reply"
+# What httpx raises when nothing answered at the address: the server is down (or the URL is wrong).
+_NOT_REACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)
 
 
 def _unreachable(url: str, error: Exception) -> UserError:
     return UserError(f"cannot reach {url}: {type(error).__name__}; {START_HINT}")
+
+
+def _named(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+
+
+def _too_large(response: httpx.Response) -> bool:
+    """Whether the answer says up front that it is over the bound (a length header is a claim; reading checks)."""
+    length = response.headers.get("content-length", "")
+    return length.isdigit() and int(length) > MAX_BODY_BYTES
+
+
+async def _read_body(response: httpx.Response) -> bytes:
+    if _too_large(response):
+        raise Malformed(TOO_LARGE)
+    body = bytearray()
+    async for part in response.aiter_bytes():
+        body += part
+        if len(body) > MAX_BODY_BYTES:
+            raise Malformed(TOO_LARGE)
+    return bytes(body)
+
+
+async def _read_lines(response: httpx.Response) -> AsyncIterator[str]:
+    """The stream's lines, the whole stream bounded (httpx's own line reader holds an endless line in memory)."""
+    pending, total = bytearray(), 0
+    async for part in response.aiter_bytes():
+        total += len(part)
+        if total > MAX_BODY_BYTES:
+            raise Malformed(TOO_LARGE)
+        start = 0
+        while (end := part.find(b"\n", start)) >= 0:
+            pending += part[start:end]
+            yield pending.decode(errors="replace").rstrip("\r")
+            pending, start = bytearray(), end + 1
+        pending += part[start:]
+    if pending:
+        yield pending.decode(errors="replace").rstrip("\r")
 
 
 class Malformed(Exception):
@@ -115,6 +87,7 @@ class Reply:
     ok: bool = False
     status: int | None = None
     error: str | None = None
+    unreachable: bool = False  # nothing answered at the address (down), as against a server that went silent
     # Arrival time of each chunk that carried output, and how many tokens it carried when the server says so.
     chunk_times: list[float] = field(default_factory=list)
     chunk_tokens: list[int | None] = field(default_factory=list)
@@ -256,34 +229,52 @@ SHAPE_ERRORS = (AttributeError, TypeError, KeyError, ValueError)
 
 class Server:
     """An OpenAI-compatible server. Async for the request paths (one loop drives many streams), sync helpers for
-    the few metadata calls. timeout_s is a deadline per request, not per read."""
+    the few metadata calls. timeout_s is a deadline per request, not per read.
+    `engines`: behind a gateway (a fleet's, rigstack.gateway), the URLs of the engines that serve endpoint.model:
+    requests go to the gateway, the counters (summed over them), /version and /tokenize come from them."""
 
-    def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S, engines: tuple[str, ...] = ()) -> None:
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
+        self.engines = engines
+
+    @property
+    def _engine(self) -> str | None:
+        """Where /version and /tokenize are asked: the first engine behind a gateway, else the server itself."""
+        return self.engines[0] if self.engines else None
 
     def _late(self) -> str:
         return f"no complete answer within {self.timeout_s:g} s (--timeout, a deadline per request)"
 
     # -- metadata (sync) -------------------------------------------------------------------------------------
-    def _fetch(self, method: str, path: str, timeout_s: float | None = None,
+    def _fetch(self, method: str, path: str, timeout_s: float | None = None, base: str | None = None,
                **kwargs: Any) -> tuple[int, bytes]:
-        """(status, body) of one call that must finish within timeout_s overall; a transport failure or a late
-        answer is a UserError."""
+        """(status, body) of one call (to `base`, default the server) that must finish within timeout_s overall; a
+        transport failure or a late answer is a UserError."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
-        url = self.endpoint.base + path
+        url = (base or self.endpoint.base) + path
+        late = UserError(f"{url}: no complete answer within {limit:g} s; is the server overloaded (raise --timeout) "
+                         "or a proxy in the way?")
+        big = UserError(f"{url}: {TOO_LARGE}; point --url at an OpenAI-compatible server")
         try:
             with httpx.stream(method, url, headers=self.endpoint.headers, auth=self.endpoint.auth,
                               timeout=httpx.Timeout(limit, connect=min(10.0, limit)), **kwargs) as response:
+                if _too_large(response):
+                    raise big
                 body = bytearray()
                 for part in response.iter_bytes():
                     body += part
                     if time.monotonic() > deadline:
-                        raise UserError(f"{url}: no complete answer within {limit:g} s; is the server overloaded "
-                                        "(raise --timeout) or a proxy in the way?")
+                        raise late
+                    if len(body) > MAX_BODY_BYTES:
+                        raise big
                 return response.status_code, bytes(body)
+        except _NOT_REACHED as error:
+            raise _unreachable(self.endpoint.base, error) from None
+        except httpx.TimeoutException:  # the port answered, then nothing came within the limit: it timed out
+            raise late from None
         except httpx.TransportError as error:
             raise _unreachable(self.endpoint.base, error) from None
 
@@ -355,13 +346,16 @@ class Server:
         return results
 
     def version(self) -> str | None:
-        version = (self._optional_json("GET", "/version") or {}).get("version")
+        version = (self._optional_json("GET", "/version", base=self._engine) or {}).get("version")
         return self.endpoint.redact(version) if isinstance(version, str) else None
 
     def metrics(self) -> dict[str, float] | None:
-        """Prometheus counters summed over their label sets, or None when the server has no /metrics."""
-        status, body = self._fetch("GET", "/metrics")
-        return parse_prometheus(body.decode(errors="replace")) if status == 200 else None
+        """Prometheus counters summed over their label sets (and over the engines behind a gateway), or None when
+        the server (or one engine) has no /metrics."""
+        found = [self._fetch("GET", "/metrics", base=base) for base in self.engines or (None,)]
+        if any(status != 200 for status, _ in found):
+            return None
+        return _summed([parse_prometheus(body.decode(errors="replace")) for _, body in found])
 
     def tokenize(self, text: str, special: bool = False) -> int | None:
         """vLLM's /tokenize: the token count of a text under the served tokenizer (with the special tokens a
@@ -374,8 +368,8 @@ class Server:
         return self._count({"messages": messages, "add_generation_prompt": True, **({"tools": tools} if tools else {})})
 
     def _count(self, body: dict[str, Any]) -> int | None:
-        count = (self._optional_json("POST", "/tokenize", json={"model": self.endpoint.model, **body}) or {}
-                 ).get("count")
+        count = (self._optional_json("POST", "/tokenize", base=self._engine,
+                                     json={"model": self.endpoint.model, **body}) or {}).get("count")
         return count if isinstance(count, int) else None
 
     # -- requests (async) ------------------------------------------------------------------------------------
@@ -384,14 +378,24 @@ class Server:
         return httpx.AsyncClient(base_url=self.endpoint.base, headers=self.endpoint.headers, auth=self.endpoint.auth,
                                  timeout=self.timeout, limits=limits)
 
+    @staticmethod
+    async def _scrape_one(session: httpx.AsyncClient, url: str) -> str | None:
+        """One engine's /metrics text, read within the body bound; None when it has none."""
+        async with session.stream("GET", url) as response:
+            if response.status_code != 200:
+                return None
+            return (await _read_body(response)).decode(errors="replace")
+
     async def scrape(self, session: httpx.AsyncClient) -> dict[str, float] | None:
         """The server's counters now, or None when it has no /metrics (or it failed: counters are optional)."""
         try:
             async with asyncio.timeout(self.timeout_s):
-                response = await session.get("/metrics")
-        except (httpx.TransportError, TimeoutError):
+                texts = [await self._scrape_one(session, f"{base}/metrics") for base in self.engines or ("",)]
+        except (httpx.TransportError, TimeoutError, Malformed):
             return None
-        return parse_prometheus(response.text) if response.status_code == 200 else None
+        if any(text is None for text in texts):
+            return None
+        return _summed([parse_prometheus(text) for text in texts])
 
     async def request(self, session: httpx.AsyncClient, path: str, payload: dict[str, Any]) -> Reply:
         """POST one request; streamed when payload["stream"] is true. Never raises for HTTP, transport, shape or
@@ -402,21 +406,23 @@ class Server:
             async with asyncio.timeout(self.timeout_s), session.stream("POST", path, json=payload) as response:
                 reply.status = response.status_code
                 if response.status_code != 200:
-                    reply.error = _error_text(response.status_code, await response.aread())
+                    reply.error = _error_text(response.status_code, await _read_body(response))
                 elif payload.get("stream"):
                     await self._read_stream(response, reply)
                 else:
-                    body = _json_object(await response.aread(), "the reply")
+                    body = _json_object(await _read_body(response), "the reply")
                     reply.body = body
                     for choice in body.get("choices") or []:
                         _absorb_choice(reply, choice, None)
                     _absorb_usage(reply, body.get("usage"))
                     reply.chunk_times.append(time.perf_counter())
                     reply.ok = True
-        except httpx.TransportError as error:
-            reply.error = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-        except TimeoutError:
+        except _NOT_REACHED as error:
+            reply.error, reply.unreachable = _named(error), True
+        except (TimeoutError, httpx.TimeoutException):  # the deadline, or httpx's read timeout (the same length)
             reply.ok, reply.error = False, self._late()
+        except httpx.TransportError as error:
+            reply.error = _named(error)
         except Malformed as error:
             reply.ok, reply.error = False, f"malformed reply from the server: {error}"
         except SHAPE_ERRORS as error:
@@ -434,7 +440,7 @@ class Server:
 
     @staticmethod
     async def _read_stream(response: httpx.Response, reply: Reply) -> None:
-        async for line in response.aiter_lines():
+        async for line in _read_lines(response):
             if not line.startswith("data:"):
                 continue
             data = line[5:].strip()
@@ -451,6 +457,15 @@ class Server:
                 _absorb_choice(reply, choice, now)
             _absorb_usage(reply, chunk.get("usage"))
         reply.error = reply.error or "stream ended without [DONE]"
+
+
+def _summed(counters: list[dict[str, float]]) -> dict[str, float]:
+    """Several engines' counters as one server's (histogram sums and counts add up the same way)."""
+    total: dict[str, float] = {}
+    for found in counters:
+        for name, value in found.items():
+            total[name] = total.get(name, 0.0) + value
+    return total
 
 
 def parse_prometheus(text: str) -> dict[str, float]:

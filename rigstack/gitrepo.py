@@ -175,6 +175,39 @@ class PackageRepo:
         out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all")
         return [entry[3:] for entry in out.split("\0") if entry]
 
+    def ignored_files(self) -> list[str]:
+        """Files in the package git leaves untracked by its exclude rules (compiled objects, bytecode, the stamp)."""
+        out = self.run("ls-files", "-z", "--others", "--ignored", "--exclude-standard")
+        return [name for name in out.split("\0") if name]
+
+    def modified_files(self) -> list[str]:
+        """Tracked files whose content in the work tree differs from the index (deleted ones too)."""
+        self.run("update-index", "-q", "--refresh")  # stat-only changes are no change
+        return [name for name in self.run("diff-files", "--name-only", "-z").split("\0") if name]
+
+    def changed_blobs(self, old: str, new: str) -> dict[str, tuple[str | None, str | None]]:
+        """path -> (its blob at old, its blob at new), None where a commit has no such file, for each path that
+        differs between the two."""
+        fields = self.run("diff-tree", "-r", "-z", "--no-renames", old, new).split("\0")
+        ends: dict[str, tuple[str | None, str | None]] = {}
+        for status, path in zip(fields[0::2], fields[1::2]):
+            if status:
+                _, _, before, after, _ = status.split()
+                ends[path] = (None if set(before) == {"0"} else before, None if set(after) == {"0"} else after)
+        return ends
+
+    def work_blobs(self, paths: list[str]) -> dict[str, str]:
+        """path -> the blob id git would give each of those work-tree files (read as they are, no filters)."""
+        if not paths:
+            return {}
+        names = "".join(f"{self.package / path}\n" for path in paths).encode()
+        ids = self.run("hash-object", "--no-filters", "--stdin-paths", stdin=names).split()
+        return dict(zip(paths, ids))
+
+    def blob_bytes(self, blob: str) -> bytes:
+        return self._git.execute(["git", "cat-file", "blob", blob], env=self._env, stdout_as_string=False,
+                                 strip_newline_in_stdout=False)
+
     def checkout(self, old: str, new: str) -> None:
         """Move the work tree from commit old to commit new, writing only the files that differ."""
         self.run("read-tree", "-m", "-u", old, new)
@@ -331,15 +364,37 @@ def checkout_revision(root: Path) -> tuple[str, str]:
     return source, revision
 
 
+def file_origin(path: Path) -> str | None:
+    """Where a file came from when it is committed in a git checkout: "REL in URL at commit SHA" (the origin
+    remote's URL without credentials, else the checkout's path), for an imported patch's Origin; None otherwise."""
+    try:
+        repo = git.Repo(path.parent, search_parent_directories=True)
+        root = Path(repo.working_tree_dir or "")
+        rel = path.absolute().relative_to(root.absolute()).as_posix()
+        if not repo.git.ls_files("--error-unmatch", "--", rel):
+            return None
+        source, revision = checkout_revision(root)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError, git.GitCommandError, ValueError):
+        return None
+    return f"{rel} in {source} at commit {revision}"
+
+
+# user:secret@ wherever it stands (git takes forms no URL parser reads, as https:user:TOKEN@host/x or
+# host/user:TOKEN@x): from the start or a / up to the @.
+_USER_SECRET = re.compile(r"(^|/)[^/@:\s]*:[^/@\s]*@")
+
+
 def redact_url(url: str) -> str:
-    """A remote URL without its credentials (https://TOKEN@host/x, https://user:pw@host/x, TOKEN@host:x), which
-    must not end up in labels or results."""
+    """A remote URL without its credentials (https://TOKEN@host/x, https://user:pw@host/x, TOKEN@host:x, and any
+    other user:secret@ shape), which must not end up in labels or results."""
     parts = urllib.parse.urlsplit(url)
     if parts.scheme and parts.netloc:
         host = parts.netloc.rpartition("@")[2]
-        return urllib.parse.urlunsplit(parts._replace(netloc=host, query="", fragment=""))
-    user, at, rest = url.partition("@")  # scp-like user@host:path
-    return rest if at and ":" in rest and "/" not in user else url
+        url = urllib.parse.urlunsplit(parts._replace(netloc=host, query="", fragment=""))
+    else:
+        user, at, rest = url.partition("@")  # scp-like user@host:path
+        url = rest if at and ":" in rest and "/" not in user else url
+    return _USER_SECRET.sub(r"\1", url)
 
 
 class _FastImport:

@@ -14,6 +14,7 @@ Hit rates come from a routing trace (the trace tool), from which experts stay re
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rigstack.errors import UserError
@@ -122,3 +123,32 @@ def zipf_exponent(n_experts: int, top_fraction: float, share: float) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if zipf_hit_rate(n_experts, top, mid) < share else (lo, mid)
     return (lo + hi) / 2
+
+
+def overlapped_layers_s(compute_s: float, per_expert_s: float, staged: Sequence[float],
+                        prefetched: Sequence[float]) -> float:
+    """One decode step over consecutive offloaded layers with prefetch (patch 0019), in seconds.
+
+    Layer l first gathers its ``staged[l]`` misses (they wait for its router), then computes for ``compute_s`` while
+    the ``prefetched[l]`` experts it gathers for layer l + 1 cross the link, and ends when both are done:
+    ``staged x per_expert + max(compute, prefetched x per_expert)``. Nothing prefetched is the serial model.
+    """
+    if len(staged) != len(prefetched):
+        raise UserError(f"offload model: {len(staged)} layers of staged misses, {len(prefetched)} of prefetches")
+    return sum(m * per_expert_s + max(compute_s, f * per_expert_s) for m, f in zip(staged, prefetched))
+
+
+def prefetch_decode_tok_s(rig: OffloadRig, hit_rate: float, accuracy: float, slots: float) -> float:
+    """Predicted decode tokens/s of one request with prefetch: a layer misses m = top_k (1 - hit_rate) experts, the
+    layer before it prefetched min(m, slots) experts of which ``accuracy`` were right (the first layer has none
+    before it, the last prefetches for none), and the prefetch runs beside the whole of a layer's compute (the
+    rig's compute_s over its layers: an upper bound where only the MoE kernel overlaps)."""
+    _check_hit_rate(hit_rate)
+    if not 0.0 <= accuracy <= 1.0 or slots < 0:
+        raise UserError(f"offload model: accuracy {accuracy} must be in [0, 1] and slots {slots} not negative")
+    m = rig.top_k * (1.0 - hit_rate)
+    f = min(m, slots)
+    staged = [m] + [m - accuracy * f] * (rig.layers - 1)
+    prefetched = [f] * (rig.layers - 1) + [0.0]
+    per_expert = rig.expert_bytes / (rig.link_gb_s * 1e9)
+    return 1.0 / overlapped_layers_s(rig.compute_s / rig.layers, per_expert, staged, prefetched)

@@ -4,10 +4,19 @@ The test files of a patch are the ones its `Tests:` header names. pytest runs th
 with PYTHONPATH on each package, and the JUnit reports are compared test by test. A test marked `upstream_guard`
 (tests/patches/conftest.py) checks behaviour the patch must keep, so it has to pass on both; every other test has to
 fail on the pristine package, or it proves nothing about the patch.
+
+How a test failed on the pristine package decides what it proves (rigstack.pytest_outcomes reads it from pytest):
+its own assertion failed there, or the code under test ran and raised, so the patch's behaviour is proven; or it
+could not run there (a collection error, a failing or missing fixture, a missing module, file, name or argument),
+which proves only that the patch adds something.
+A patch with no test of the first kind is "additive", and where it also changes modules the pristine package has,
+its wiring is unproven and the verdict says so. Tests the markers leave out (server tests by default) are listed
+per patch as not proven here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -15,11 +24,12 @@ import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ElementTree
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
 from rigstack.errors import UserError
+from rigstack.outcomekinds import ASSERTION, COULD_NOT_RUN, DESELECTED_OPTION, PROPERTY, RAISED
 from rigstack.stack import Stack
 from rigstack.versions import REPO_ROOT
 
@@ -27,6 +37,7 @@ GUARD = "upstream_guard"
 DEFAULT_MARKERS = "not server"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 _LISTED = re.compile(r"[^\s,]+\.py")
+OUTCOMES_PLUGIN = "rigstack.pytest_outcomes"
 
 
 @dataclass(frozen=True)
@@ -38,11 +49,19 @@ class SuiteRun:
     guards: frozenset[str]
     broken_files: frozenset[str]
     reasons: dict[str, str] = field(default_factory=dict)  # test id or broken file -> pytest's message
+    kinds: dict[str, str] = field(default_factory=dict)  # failed test id -> how it failed (rigstack.pytest_outcomes)
+    deselected: frozenset[str] = frozenset()  # node ids the markers left out
 
     def outcome(self, test_id: str) -> str | None:
         if test_id in self.outcomes:
             return self.outcomes[test_id]
         return FAILED if test_id.split("::")[0] in self.broken_files else None
+
+    def failure_kind(self, test_id: str) -> str:
+        """How a failed test failed; a file that could not be collected could not run any of its tests."""
+        if test_id not in self.outcomes and test_id.split("::")[0] in self.broken_files:
+            return COULD_NOT_RUN
+        return self.kinds.get(test_id, RAISED)  # no verdict: the process died or a hook failed
 
 
 @dataclass(frozen=True)
@@ -55,10 +74,25 @@ class PatchProof:
     pristine_failed: int  # non-guard tests that failed on the pristine package, as they must
     skipped: int
     problems: tuple[str, ...]
+    # Of pristine_failed: tests whose own assertion failed there, or whose code under test raised there (the
+    # patch's behaviour is missing), and tests that could not run there (its module, file, name or fixture is).
+    by_behaviour: int = 0
+    could_not_run: int = 0
+    wires: bool = True  # the patch changes a module the pristine package has, not only adds files
+    not_run: tuple[str, ...] = ()  # tests its Tests: header names that the markers left out (server tests)
 
     @property
     def ok(self) -> bool:
         return not self.problems
+
+    @property
+    def verdict(self) -> str:
+        """How the patch is proven: by a test of its behaviour, or only additively (its tests need its files)."""
+        if not self.ok:
+            return "NOT PROVEN"
+        if self.by_behaviour:
+            return "proven by behaviour"
+        return "additive: wiring unproven" if self.wires else "additive: new files only"
 
 
 @dataclass(frozen=True)
@@ -66,6 +100,7 @@ class Proof:
     pristine: Path
     patched: Path
     patches: tuple[PatchProof, ...]
+    markers: str = DEFAULT_MARKERS  # the pytest -m expression the tests ran under
 
     @property
     def ok(self) -> bool:
@@ -131,34 +166,38 @@ def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS,
     folders: dict[str, list[str]] = {}
     for name in files:
         folders.setdefault(str(Path(name).parent) if setup.by_folder else "", []).append(name)
-    runs = [_run_pytest(package, group, markers, env, setup) for group in folders.values()]
+    return _merged([_run_pytest(package, group, markers, env, setup) for group in folders.values()])
+
+
+def _merged(runs: list[SuiteRun]) -> SuiteRun:
     return SuiteRun(outcomes={k: v for run in runs for k, v in run.outcomes.items()},
                     guards=frozenset().union(*(run.guards for run in runs)),
                     broken_files=frozenset().union(*(run.broken_files for run in runs)),
-                    reasons={k: v for run in runs for k, v in run.reasons.items()})
+                    reasons={k: v for run in runs for k, v in run.reasons.items()},
+                    kinds={k: v for run in runs for k, v in run.kinds.items()},
+                    deselected=frozenset().union(*(run.deselected for run in runs)))
 
 
 def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str], setup: PytestSetup) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="rigstack-patchtests-") as scratch:
-        report = Path(scratch) / "junit.xml"
+        report, deselected = Path(scratch) / "junit.xml", Path(scratch) / "deselected.json"
         # A pristine package often cannot even import a patch's new module: keep going past collection errors.
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+        # The plugin writes how each failing test failed into the report (a missing module or a failed assertion).
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", OUTCOMES_PLUGIN,
                                "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}",
+                               f"{DESELECTED_OPTION}={deselected}",
                                *setup.args, *files],
                               env=env, cwd=setup.cwd, capture_output=True, text=True)
         if not report.is_file() and done.returncode < 0 and setup.split_on_crash:
             if len(files) > 1:
-                runs = [_run_pytest(package, [name], markers, env, setup) for name in files]
-                return SuiteRun(outcomes={k: v for run in runs for k, v in run.outcomes.items()},
-                                guards=frozenset().union(*(run.guards for run in runs)),
-                                broken_files=frozenset().union(*(run.broken_files for run in runs)),
-                                reasons={k: v for run in runs for k, v in run.reasons.items()})
+                return _merged([_run_pytest(package, [name], markers, env, setup) for name in files])
             return SuiteRun(outcomes={}, guards=frozenset(), broken_files=frozenset(files),
                             reasons={files[0]: _crash_reason(done.returncode, done.stdout + done.stderr)})
         if not report.is_file():
             tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
             raise UserError(f"pytest wrote no report for {package} (exit {done.returncode}): {' | '.join(tail)}")
-        return parse_junit(report.read_text(), files)
+        run = parse_junit(report.read_text(), files)
+        return replace(run, deselected=frozenset(json.loads(deselected.read_text()))) if deselected.is_file() else run
 
 
 def _crash_reason(returncode: int, output: str) -> str:
@@ -178,6 +217,7 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
     guards: set[str] = set()
     broken: set[str] = set()
     reasons: dict[str, str] = {}
+    kinds: dict[str, str] = {}
     for case in ElementTree.fromstring(xml).iter("testcase"):
         address = ".".join(filter(None, [case.get("classname"), case.get("name")]))
         module = next((m for m in modules if address == m or address.startswith(m + ".")), None)
@@ -197,13 +237,21 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
             outcomes[test_id] = PASSED
         else:
             outcomes[test_id] = SKIPPED if verdict.tag == "skipped" else FAILED
-        if any(prop.get("name") == GUARD for prop in case.iter("property")):
+        properties = [(prop.get("name"), prop.get("value") or "") for prop in case.iter("property")]
+        if any(name == GUARD for name, _ in properties):
             guards.add(test_id)
-    return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken), reasons=reasons)
+        failures = [json.loads(value)["kind"] for name, value in properties if name == PROPERTY]
+        if failures:  # the first failure is the one that stopped the test (a teardown's may follow)
+            kinds[test_id] = failures[0]
+    return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken), reasons=reasons,
+                    kinds=kinds)
 
 
-def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun) -> PatchProof:
-    """Compare one patch's tests across the two runs."""
+def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun,
+          wires: bool = True) -> PatchProof:
+    """Compare one patch's tests across the two runs. A test that failed on the pristine package proves the patch's
+    behaviour only where its own assertion failed there; one that could not run there (the patch's new module, file
+    or fixture is missing) proves only that the patch adds them, which an `assert True` beside a new fixture would."""
     ids = sorted(test_id for test_id in patched.outcomes if test_id.split("::")[0] in files)
     problems: list[str] = [f"Tests: names {file}, which does not exist" for file in files
                            if not (REPO_ROOT / file).is_file()]
@@ -221,8 +269,12 @@ def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: Su
                  for test_id in guards if test_id in passed and pristine.outcome(test_id) == FAILED]
     if not failed_on_pristine:
         problems.append("no test passes on the patched package and fails on the pristine one")
+    behaviour = [test_id for test_id in failed_on_pristine if pristine.failure_kind(test_id) in (ASSERTION, RAISED)]
     return PatchProof(patch_id=patch_id, files=files, tests=len(ran), guards=len(guards), patched_passed=len(passed),
-                      pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems))
+                      pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems),
+                      by_behaviour=len(behaviour), could_not_run=len(failed_on_pristine) - len(behaviour),
+                      wires=wires, not_run=tuple(sorted(test_id for test_id in patched.deselected
+                                                        if test_id.split("::")[0] in files)))
 
 
 def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (),
@@ -235,10 +287,29 @@ def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (
         raise UserError("no patch names an existing test file in its Tests: header; nothing to prove")
     patched_run = run_tests(patched, files, markers)
     pristine_run = run_tests(pristine, files, markers)
-    return Proof(pristine=pristine, patched=patched, patches=tuple(
-        judge(patch_id, names, patched_run, pristine_run) for patch_id, names in files_by_patch.items()))
+    wires = {patch.id: any((pristine / name).is_file() for name in patch.touched_files) for patch in stack.patches}
+    return Proof(pristine=pristine, patched=patched, markers=markers, patches=tuple(
+        judge(patch_id, names, patched_run, pristine_run, wires[patch_id])
+        for patch_id, names in files_by_patch.items()))
 
 
 def proof_json(proof: Proof) -> dict[str, object]:
     return {"pristine": str(proof.pristine), "patched": str(proof.patched), "ok": proof.ok,
-            "patches": [{**asdict(patch), "ok": patch.ok} for patch in proof.patches]}
+            "markers": proof.markers,
+            "patches": [{**asdict(patch), "ok": patch.ok, "verdict": patch.verdict} for patch in proof.patches]}
+
+
+def changed_since(stack: Stack, base: str, root: Path = REPO_ROOT) -> tuple[str, ...]:
+    """The patches whose file or named test files differ from `base` (its merge base with HEAD) in the working
+    tree of the checkout at `root`, untracked files included: what `make check` proves, where CI proves them all."""
+    import git
+
+    repo = git.Repo(root)
+    try:
+        fork = repo.merge_base("HEAD", base)[0].hexsha
+    except (git.GitCommandError, IndexError):
+        raise UserError(f"no common history with {base!r}; fetch it, or prove every patch") from None
+    changed = set(repo.git.diff("--name-only", fork).splitlines()) | set(repo.untracked_files)
+    tests = patch_test_files(stack)
+    return tuple(patch.id for patch in stack.patches
+                 if str(patch.path.relative_to(root)) in changed or changed & set(tests[patch.id]))

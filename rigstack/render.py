@@ -91,6 +91,11 @@ def replica_gpus(profile: Profile, replica: int) -> list[int]:
     return list(range(replica * per, (replica + 1) * per))
 
 
+def pinned_gpus(profile: Profile) -> bool:
+    """Each unit is given its own cards: replicas, or one engine whose cards are named (a fleet's member on 4-7)."""
+    return profile.parallel.replicas > 1 or profile.parallel.gpu_sets is not None
+
+
 def profile_env(profile: Profile) -> dict[str, str]:
     env = dict(profile.env)
     if profile.partition_env:
@@ -115,7 +120,7 @@ def serve_command(profile: Profile, *, model: Path | None = None, port: int | No
     """The server process for one replica, run on this host."""
     _check_replica(profile, replica)
     env = profile_env(profile)
-    if profile.parallel.replicas > 1:
+    if pinned_gpus(profile):
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, replica_gpus(profile, replica)))
     port = (port or profile.port) + replica
     return ServeCommand([python, "-m", SERVER_MODULE, *_server_args(profile, model, profile.host, port)], env)
@@ -145,7 +150,7 @@ def docker_run(profile: Profile, *, model: Path | None = None, replica: int = 0,
             "--ipc", profile.docker.ipc, "--shm-size", profile.docker.shm_size,
             "-p", f"{profile.host}:{port}:{port}"]
     if profile.flavour == "gpu":
-        devices = "all" if profile.parallel.replicas == 1 else \
+        devices = "all" if not pinned_gpus(profile) else \
             '"device=' + ",".join(map(str, replica_gpus(profile, replica))) + '"'  # docker reads it as CSV
         argv += ["--gpus", devices]
     for key, value in profile_env(profile).items():
@@ -155,7 +160,7 @@ def docker_run(profile: Profile, *, model: Path | None = None, replica: int = 0,
     for path in _mounts(profile, model):
         argv += ["-v", f"{path}:{path}:ro"]
     if profile.docker.bind_package:
-        from rigstack.images import bind_mounts  # the same .so and folder guard as a built image
+        from rigstack.rigimages import bind_mounts  # the same .so and folder guard as a built image
 
         argv += bind_mounts(Path(profile.docker.bind_package))
     return [*argv, "--entrypoint", "python3", image, "-m", SERVER_MODULE,

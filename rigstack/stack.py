@@ -9,6 +9,9 @@ from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
 from rigstack.errors import UserError
+from rigstack.invocation import command
+from rigstack.files import MIB, read_regular
+from rigstack.patchenv import env_reads
 from rigstack.versions import REPO_ROOT
 
 DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
@@ -33,8 +36,8 @@ _SIMILARITY = re.compile(r"(similarity|dissimilarity) index \d+%")
 _FILE_MODES = ("100644", "100755")
 _SPECIAL_MODES = {"120000": "creates or changes a symlink; symlinks are refused",
                   "160000": "creates or changes a gitlink (a submodule); gitlinks are refused"}
-# The stack's largest patch is 31 kB; a 50 MB one took 1.8 GB of RAM in git. Refused before it is read.
-MAX_PATCH_BYTES = 4 << 20
+# The stack's largest patch is 31 kB; a 50 MB one took 1.8 GB of RAM in git. Refused before git reads it.
+MAX_PATCH_BYTES = 4 * MIB
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ class Stack:
         """The env vars the stack's patches read (from their Switch headers)."""
         return frozenset(name for patch in self.patches for name in _ENV_VAR.findall(patch.header.switch))
 
+    def env_reads(self) -> frozenset[str]:
+        """Every env var the stack's patches read: their Switch headers and what their added code reads."""
+        return self.switches().union(*(env_reads(patch.diff) for patch in self.patches))
+
     def unfilled_notes(self) -> list[str]:
         """One warning per imported patch whose header still needs a person."""
         return [f"{patch.file}: {', '.join(fields)} still read 'unknown (imported ...)'; fill them in "
@@ -145,7 +152,7 @@ class Stack:
         for wanted in ([until] if until else []) + list(only):
             if wanted not in known and wanted != "0000":
                 raise UserError(f"no patch {wanted} in the stack (have {', '.join(self.ids) or 'none'}); "
-                                "pick an id from `python apply.py check`")
+                                f"pick an id from `{command('check')}`")
         if until:
             chosen = [patch for patch in chosen if patch.id <= until]
         if only:
@@ -198,15 +205,15 @@ def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
 
 
 def parse_patch(path: Path) -> Patch:
-    size = path.stat().st_size
-    if size > MAX_PATCH_BYTES:
-        raise UserError(f"{path}: {size / 1e6:.1f} MB is over the {MAX_PATCH_BYTES >> 20} MB limit for one patch; "
-                        "split it into smaller patches")
-    data = path.read_bytes()
+    data = read_regular(path, "patch", MAX_PATCH_BYTES, "split it into smaller patches")
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text; binary patches are not supported") from None
+    if "\0" in text:
+        # git refuses it in a commit message, and reads a diff holding one as binary, in words that name no patch.
+        line = text.count("\n", 0, text.index("\0")) + 1
+        raise UserError(f"{path}: line {line} holds a NUL byte; a patch is text: remove it")
     header_text, sep, diff = text.partition("\n" + SEPARATOR)
     if not sep or not diff.startswith("diff --git "):
         raise UserError(f"{path}: expected header lines, a line '---', then a git diff (see patches/README.md)")
@@ -240,13 +247,36 @@ def _package_relative(diff_path: str) -> str:
     return str(PurePosixPath(diff_path).relative_to(PACKAGE))
 
 
+@dataclass
+class _Section:
+    """One `diff --git a/OLD b/NEW` section. git takes the file's name from its ---/+++ and rename lines as well,
+    so every name in the section must be the one its first line gives."""
+
+    path: Path
+    old: str
+    new: str
+    moved: bool = False  # rename or copy lines: OLD and NEW may differ
+
+    def agree(self, line: str, number: int, name: str, side: str) -> None:
+        expected = self.old if side == "old" else self.new
+        if name != expected:
+            raise UserError(f"{self.path}: diff line {number} {line[:80]!r} names another file than its section's "
+                            f"`diff --git` line ({expected}); git would change that one instead: regenerate the patch "
+                            "with `apply.py export`")
+
+    def close(self, number: int) -> None:
+        if self.old != self.new and not self.moved:
+            raise UserError(f"{self.path}: the `diff --git` section ending at diff line {number} names two files "
+                            f"({self.old}, {self.new}) and no rename; regenerate the patch with `apply.py export`")
+
+
 def _check_diff(path: Path, diff: str) -> tuple[str, ...]:
     """The package-relative files a diff touches; refuses anything that could write outside the package.
 
     Read the way git apply reads it: each hunk's line counts say where it ends, so any text after a hunk that is not
     another hunk or `diff --git` section (a bare ---/+++ section, say, which git would apply too) is refused."""
     touched: list[str] = []
-    section = False  # inside a `diff --git` section
+    section: _Section | None = None  # the `diff --git` section the line is in
     in_header = False  # between 'diff --git' and the first hunk, where the path and mode lines live
     old_left = new_left = 0  # lines the current hunk still has on each side
     lines = diff.split("\n")  # git splits on \n only: a \r stays part of the line it ends
@@ -259,34 +289,46 @@ def _check_diff(path: Path, diff: str) -> tuple[str, ...]:
             old_left -= mark in (" ", "-", "")  # an empty line is an empty context line to git
             new_left -= mark in (" ", "+", "")
         elif line.startswith("diff --git "):
-            match = _DIFF_GIT.match(line)
-            if not match:
-                raise UserError(f"{path}: unreadable diff line {line!r}; regenerate the patch with `apply.py export`")
-            for name in match.groups():
-                _check_path(path, name, number)
-            touched.append(_package_relative(match.group(2)))
-            section = in_header = True
+            if in_header:
+                section.close(number - 1)  # type: ignore[union-attr]
+            section = _open_section(path, line, number)
+            touched.append(_package_relative(section.new))
+            in_header = True
         elif section and line.startswith("@@ "):
             counts = _HUNK_COUNTS.match(line)
             if not counts:
                 raise UserError(f"{path}: unreadable hunk line {number} {line[:60]!r}; regenerate the patch")
             old_left, new_left = (int(count) if count is not None else 1 for count in counts.groups())
+            section.close(number)
             in_header = False
-        elif in_header:
-            _check_header_line(path, line, number)
+        elif in_header and not (not line and number == len(lines)):  # a section may end the text (a pure rename)
+            _check_header_line(section, line, number)  # type: ignore[arg-type]
         elif line.startswith("\\") or (not line and number == len(lines)):
             continue  # "\ No newline at end of file", or the end of the text
         else:
             raise UserError(f"{path}: diff line {number} {line[:60]!r} is outside any `diff --git` section (git "
                             "would read a ---/+++ pair there as one more file); regenerate the patch with "
                             "`apply.py export`")
+    if in_header:
+        section.close(len(lines))  # type: ignore[union-attr]
     if not touched:
         raise UserError(f"{path}: the diff touches no file")
     return tuple(dict.fromkeys(touched))
 
 
-def _check_header_line(path: Path, line: str, number: int) -> None:
-    """One extended header line of a `diff --git` section, parsed strictly: only regular files, only known lines."""
+def _open_section(path: Path, line: str, number: int) -> _Section:
+    match = _DIFF_GIT.match(line)
+    if not match:
+        raise UserError(f"{path}: unreadable diff line {line!r}; regenerate the patch with `apply.py export`")
+    for name in match.groups():
+        _check_path(path, name, number)
+    return _Section(path, *match.groups())
+
+
+def _check_header_line(section: _Section, line: str, number: int) -> None:
+    """One extended header line of a `diff --git` section, parsed strictly: only regular files, only known lines,
+    only the section's own names."""
+    path = section.path
     mode = _MODE_LINE.fullmatch(line)
     index = _INDEX_LINE.fullmatch(line)
     if mode or (index and index.group(1) is not None):
@@ -297,10 +339,13 @@ def _check_header_line(path: Path, line: str, number: int) -> None:
             raise UserError(f"{path}: diff line {number} {why}")
     elif line.startswith(("--- ", "+++ ")):
         name = line[4:].split("\t")[0]
+        side, prefix = ("old", "a/") if line.startswith("-") else ("new", "b/")
         if name != "/dev/null":
-            _check_path(path, name[2:], number)
+            section.agree(line, number, name.removeprefix(prefix) if name.startswith(prefix) else name, side)
     elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
-        _check_path(path, line.split(" ", 2)[2], number)
+        words = line.split(" ", 2)
+        section.agree(line, number, words[2], "old" if words[1] == "from" else "new")
+        section.moved = True
     elif line.startswith(("GIT binary patch", "Binary files ")):
         raise UserError(f"{path}: diff line {number} is a binary patch; binary patches are refused")
     elif not (index or _SIMILARITY.fullmatch(line)):

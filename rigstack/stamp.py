@@ -8,6 +8,7 @@ from pathlib import Path
 
 from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
+from rigstack.invocation import command
 
 STAMP_NAME = "rigstack_stamp.json"
 STAMP_SCHEMA = 1
@@ -56,16 +57,24 @@ def stamp_path(package: Path) -> Path:
     return package / STAMP_NAME
 
 
-def read_stamp(package: Path) -> Stamp | None:
-    """The package's stamp, or None when it was never patched by rigstack."""
+def load_stamp(package: Path) -> tuple[Stamp | None, str | None]:
+    """(the package's stamp, None), or (None, what is wrong with it): "missing stamp", "unreadable stamp (...)"."""
     path = stamp_path(package)
     if not path.is_file():
-        return None
+        return None, "missing stamp"
     try:
-        return Stamp.from_dict(json.loads(path.read_text()))
-    except (ValueError, TypeError) as error:
-        raise UserError(f"{path}: unreadable stamp ({str(error)[:120]}); "
-                        f"rerun `python apply.py apply --from dir:{package}`") from None
+        return Stamp.from_dict(json.loads(path.read_text())), None
+    except (ValueError, TypeError, AttributeError) as error:  # not JSON, not an object, wrong keys or types
+        return None, f"unreadable stamp ({str(error)[:120]})"
+
+
+def read_stamp(package: Path) -> Stamp | None:
+    """The package's stamp, or None when it was never patched by rigstack."""
+    stamp, problem = load_stamp(package)
+    if stamp is None and problem != "missing stamp":
+        # apply rebuilds a stamp from the package's git history, so it is the fix (rigstack.history).
+        raise UserError(f"{stamp_path(package)}: {problem}; rerun `{command(f'apply --from dir:{package}')}`")
+    return stamp
 
 
 def write_stamp(package: Path, stamp: Stamp) -> None:

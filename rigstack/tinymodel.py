@@ -232,7 +232,7 @@ def tiny_model_dir(kind: str = "dense", seed: int = 0, path: Sequence[str] | Non
         where = sys.executable if path is None else "the serving interpreter"
         absent = ", ".join(name for name, version in libs.items() if version is None)
         raise UserError(f"the tiny model is built by {', '.join(BUILD_LIBS)} (their versions key its folder), and "
-                        f"{where} has no {absent}; run it with the interpreter that serves vLLM (`make test` makes "
+                        f"{where} has no {absent}; run it with the interpreter that serves vLLM (`make cpu` makes "
                         "one: README, Try it without a GPU)")
     return models_root() / f"{kind}-{_key(kind, seed, tuple(libs.values()))}"
 

@@ -84,7 +84,8 @@ def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE) -> None:
     for index, line in enumerate(lines):
         key = line.partition("=")[0].strip()
         if key in pending:
-            lines[index] = f"{key}={shlex.quote(pending.pop(key))}\n"
+            value = pending.pop(key)
+            lines[index] = f"{key}={shlex.quote(value) if value else ''}\n"  # empty stays `KEY=`, as written
     if pending:
         raise UserError(f"{path}: no line for {', '.join(sorted(pending))}; add the keys first")
     write_atomic(path, "".join(lines))

@@ -3,22 +3,17 @@
 For 8 to 64 misses a step, graph-replayed: a contiguous copy-engine copy (the denominator), per-expert copies (ids
 on the CPU), index_select on the zero-copy view, the Triton gather with a sweep of its tile shapes, the same kernel
 over one contiguous range (the SM-read ceiling) and copy-engine gathers driven by conditional graph nodes; GB/s and
-each one's fraction of contiguous (tests/kernels/expert_gather_bench.py says how). Needs torch, triton and a GPU.
+each one's fraction of contiguous (rigstack/bench/expert_gather.py says how). Needs torch, triton and a GPU.
 """
 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from rigstack import cli
-
-ROOT = Path(__file__).resolve().parent.parent
-# The kernel loaders live beside the kernel tests, which also run as plain scripts on a GPU host.
-sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 
 
 app = typer.Typer(add_completion=False)
@@ -33,9 +28,9 @@ def main(
     conditional: Annotated[bool, typer.Option(help="also time the copy-engine gathers of conditional graph nodes "
                                                    "(needs cuda.bindings; 4 GiB more GPU memory)")] = True,
 ) -> int:
-    import expert_gather_bench  # torch and triton: only where the benchmark runs
+    from rigstack.bench import expert_gather  # torch and triton: only where the benchmark runs
 
-    return expert_gather_bench.run([int(n) for n in misses.split(",")], reps, rounds, sweep, conditional)
+    return expert_gather.run([int(n) for n in misses.split(",")], reps, rounds, sweep, conditional)
 
 
 if __name__ == "__main__":

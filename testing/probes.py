@@ -6,6 +6,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from rigstack.probes.results import Metric, Provenance, Result
@@ -18,6 +19,28 @@ def run_script(name: str, *args: str, cwd: Path | None = None, env: dict[str, st
                timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(ROOT / "scripts" / name), *args], capture_output=True, text=True,
                           cwd=cwd, env=env, timeout=timeout)
+
+
+# The script's own peak, read where it runs: VmHWM belongs to the process's memory since its exec. wait4's ru_maxrss
+# does not do: Linux keeps the forking parent's high-water mark across exec, so a child of a test process that
+# imported vLLM reported the parent's ~740 MiB.
+_PEAK_CODE = """import atexit, runpy, sys
+peak_file, sys.argv = sys.argv[1], sys.argv[2:]
+def _peak():
+    line = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+    open(peak_file, "w").write(line.split()[1])
+atexit.register(_peak)
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def run_script_rss(name: str, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess[str], int]:
+    """run_script, and the most memory the script's process held (its own peak RSS in bytes, VmHWM at its exit)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        peak = Path(scratch) / "peak"
+        done = subprocess.run([sys.executable, "-c", _PEAK_CODE, str(peak), str(ROOT / "scripts" / name), *args],
+                              capture_output=True, text=True, timeout=timeout, check=False)
+        return done, int(peak.read_text()) * 1024  # kB
 
 
 def last_line(process: subprocess.CompletedProcess[str]) -> str:

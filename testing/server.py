@@ -1,4 +1,4 @@
-"""pytest plugin: tiny models and vLLM CPU servers started through rigstack.launch (register with
+"""pytest plugin: tiny models and vLLM CPU servers started through rigstack.serving (register with
 `pytest_plugins = ["testing.server"]`).
 
 Fixtures:
@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 import pytest
 
-from rigstack import launch
+from rigstack.serving import process, ready
 from rigstack.tinymodel import SERVED_NAME, build_tiny_model
 from testing.net import free_port
 
@@ -57,10 +57,11 @@ class TestServer:
         return self._post("/v1/chat/completions", {"messages": messages, "temperature": 0, **params})
 
 
-def server_env(work: Path, vllm_cache: Path | None = None) -> dict[str, str]:
-    """Private temp and RPC folders per server, and a small KV cache (the box is shared). Servers that share
-    `vllm_cache` reuse each other's compiled graphs (vLLM keys them by config and source)."""
-    paths = {"TMPDIR": work / "tmp", "VLLM_CACHE_ROOT": vllm_cache or work / "vllm-cache",
+def server_env(work: Path) -> dict[str, str]:
+    """Private temp and RPC folders per server, and a small KV cache (the box is shared). The compile cache is the
+    pytest worker's (tests/conftest.py sets VLLM_CACHE_ROOT), which its servers share: vLLM keys the graphs by
+    config and source; outside that, the server's own."""
+    paths = {"TMPDIR": work / "tmp", "VLLM_CACHE_ROOT": Path(os.environ.get("VLLM_CACHE_ROOT", work / "vllm-cache")),
              "VLLM_RPC_BASE_PATH": work / "rpc"}
     for path in paths.values():
         path.mkdir(parents=True, exist_ok=True)
@@ -85,23 +86,23 @@ def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> I
                 timeout_s: float = BOOT_TIMEOUT_S) -> TestServer:
         key = (str(model or tiny_model), tuple(extra_args), tuple(sorted((env or {}).items())))
         if key in alive:
-            if launch.running(alive[key].run_dir):
+            if process.running(alive[key].run_dir):
                 return alive[key]
             del alive[key]
         while len(alive) >= MAX_ALIVE:
-            launch.stop(alive.pop(next(iter(alive))).run_dir)
+            process.stop(alive.pop(next(iter(alive))).run_dir)
         run_dir = tmp_path_factory.mktemp("server")
         port = free_port()
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model or tiny_model),
                 "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
                 "--max-model-len", "2048", *extra_args]
         url = f"http://127.0.0.1:{port}"
-        environment = {**server_env(run_dir, tmp_path_factory.getbasetemp() / "vllm-cache"), **(env or {})}
-        launched = launch.launch(argv, environment, run_dir, url=url,
-                                 served_name=SERVED_NAME, timeout_s=timeout_s)
+        environment = {**server_env(run_dir), **(env or {})}
+        launched = ready.launch(argv, environment, run_dir, url=url,
+                                served_name=SERVED_NAME, timeout_s=timeout_s)
         alive[key] = TestServer(url=url, run_dir=run_dir, log=Path(launched.record.log), stage_s=launched.stage_s)
         return alive[key]
 
     yield factory
     for server in alive.values():
-        launch.stop(server.run_dir)
+        process.stop(server.run_dir)

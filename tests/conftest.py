@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -12,11 +13,35 @@ import pytest
 from rigstack.cache import cache_dir
 from testing.patches import PatchMaker
 
-pytest_plugins = ["testing.server"]
+pytest_plugins = ["testing.server", "testing.imports"]
 
 # Resolved once, before any test moves HOME: downloads (wheels, tiny models) are shared across runs and with CI.
 REAL_CACHE = cache_dir()
 os.environ["RIGSTACK_CACHE"] = str(REAL_CACHE)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A short base for tmp_path: vLLM binds its engine sockets under the servers' TMPDIR/VLLM_RPC_BASE_PATH, which
+    live in tmp_path, and a Unix socket path holds 107 bytes; pytest's default base with xdist's worker folder
+    (/tmp/pytest-of-root/pytest-101/popen-gw0/<test name>/rpc/<uuid>) is past that. xdist gives each worker a
+    folder of its own under this one."""
+    if config.option.basetemp is None and not hasattr(config, "workerinput"):
+        config.option.basetemp = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A passing run's folder goes (pytest's own base keeps the last three runs; this one keeps failed runs)."""
+    base = Path(session.config.option.basetemp or "")
+    if exitstatus == 0 and not hasattr(session.config, "workerinput") and base.name.startswith("rs-"):
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_compile_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """One vLLM compile cache per worker for every server a test boots (its own launcher's, the CLI's, a fixture's):
+    a cold boot compiles for 2-4 minutes on a 2-core box, a warm one about half that. A worker boots one server at a
+    time, so no two processes write one cache; each run starts empty, so no run trusts another's half-written one."""
+    os.environ["VLLM_CACHE_ROOT"] = str(tmp_path_factory.getbasetemp() / "vllm-cache")
 
 
 @pytest.fixture(autouse=True)

@@ -9,13 +9,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
 
-from rigstack import applier
+from rigstack import applier, patched
 from rigstack.baseline import fingerprint, parse_source
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo, state_dir_for
@@ -23,6 +22,7 @@ from rigstack.stack import load_stack
 from rigstack.stamp import read_stamp
 from rigstack.versions import REPO_ROOT
 from testing.cli import one_line_error, run_apply
+from testing.mounts import mounted
 
 PARSER = "parser/glm47_moe.py"
 SCHED = "v1/core/sched/scheduler.py"
@@ -52,13 +52,13 @@ def test_apply_commits_each_patch_and_stamps(cpu_package: Path, two_patches: Pat
     assert subjects == ["0001: a test change", "0002: a test change"]
     assert repo.dirty_files() == []
     assert not (cpu_package / ".git").exists(), "git metadata must stay beside the package"
-    status = applier.status(cpu_package)
+    status = patched.status(cpu_package)
     assert status["stamp_matches_history"] and [p["status"] for p in status["patches"]] == ["applied", "applied"]
 
 
 def test_export_of_apply_is_byte_identical(cpu_package: Path, two_patches: Path, pins, tmp_path: Path) -> None:
     _apply(cpu_package, two_patches, pins)
-    written = applier.export(cpu_package, tmp_path / "exported")
+    written = patched.export(cpu_package, tmp_path / "exported")
     assert [p.name for p in written] == sorted(p.name for p in two_patches.glob("*.patch"))
     for path in written:
         assert path.read_bytes() == (two_patches / path.name).read_bytes()
@@ -68,7 +68,7 @@ def test_combined_diff_alone_gives_the_same_tree(cpu_package: Path, two_patches:
                                                  tmp_path: Path) -> None:
     _apply(cpu_package, two_patches, pins)
     combined = tmp_path / "combined.diff"
-    combined.write_text(applier.combined_diff(cpu_package))
+    combined.write_text(patched.combined_diff(cpu_package))
     assert combined.read_text() == Path(state_dir_for(cpu_package) / applier.COMBINED_DIFF).read_text()
     single = tmp_path / "single" / "vllm"
     shutil.copytree(pristine_cpu_tree, single)
@@ -311,18 +311,9 @@ def test_revert_pairs(cpu_package: Path, patch_maker, tmp_path: Path, pins) -> N
 HEADER = "Subject: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n"
 
 
-@contextmanager
-def _tmpfs(folder: Path, size: str) -> Iterator[Path]:
-    """A small file system of its own (a full disk, a read-only mount); mounting needs root, as in CI."""
-    folder.mkdir(parents=True, exist_ok=True)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", str(folder)], check=True)
+def _tmpfs(folder: Path, size: str) -> AbstractContextManager[Path]:
+    """A small file system of its own (a full disk, a read-only mount)."""
+    return mounted(folder, "-t", "tmpfs", "-o", f"size={size}", "tmpfs")
 
 
 def _remount_read_only(folder: Path) -> None:
@@ -375,7 +366,7 @@ def test_kill_9_of_a_real_apply_inside_its_checkout_is_recovered(cpu_package: Pa
 
 def _hold_lock(state: Path, package: Path) -> subprocess.Popen:
     """Another process holding the target's lock, as a second apply running at the same time would."""
-    code = ("import sys, time; from pathlib import Path; from rigstack.applier import target_lock\n"
+    code = ("import sys, time; from pathlib import Path; from rigstack.lock import target_lock\n"
             "with target_lock(Path(sys.argv[1]), Path(sys.argv[2])):\n"
             "    print('held', flush=True); time.sleep(120)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(state), str(package)], stdout=subprocess.PIPE,
@@ -448,11 +439,11 @@ def test_an_edited_stamp_is_not_taken_as_applied(cpu_package: Path, two_patches:
     stamp = json.loads(path.read_text())
     stamp["stack_hash"] = load_stack(two_patches).stack_hash  # claims the new stack
     path.write_text(json.dumps(stamp))
-    assert applier.status(cpu_package)["stamp_disagrees_on"] == "stack_hash"
+    assert patched.status(cpu_package)["stamp_disagrees_on"] == "stack_hash"
     result = _apply(cpu_package, two_patches, pins)
     assert result.written and any("stamp disagreed" in note for note in result.notes)
     assert (cpu_package / "other.py").is_file() and not (cpu_package / "rigstack_added.py").exists()
-    assert applier.status(cpu_package)["stamp_matches_history"]
+    assert patched.status(cpu_package)["stamp_matches_history"]
     # An edited stamp on a package whose history does hold the stack is rebuilt from that history.
     stamp = json.loads(path.read_text())
     good = read_stamp(cpu_package)
@@ -505,7 +496,8 @@ def test_duplicate_fields_gitlinks_and_huge_patches_are_refused(tmp_path: Path) 
         "0002-gitlink.patch": (HEADER + "---\ndiff --git a/vllm/sub b/vllm/sub\nnew file mode 160000\n"
                               "index 0000000..1234567\n--- /dev/null\n+++ b/vllm/sub\n@@ -0,0 +1 @@\n"
                               "+Subproject commit 1234567\n", "gitlinks are refused"),
-        "0003-huge.patch": (HEADER + diff + "+" + "y" * MAX_PATCH_BYTES + "\n", "MB limit for one patch"),
+        "0003-huge.patch": (HEADER + diff + "+" + "y" * MAX_PATCH_BYTES + "\n",
+                            r"over the 4 MiB \(4,194,304 bytes\) limit; split it"),
     }
     for name, (text, message) in cases.items():
         folder = tmp_path / name

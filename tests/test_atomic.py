@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import applier
+from rigstack import history
 from rigstack.atomic import replacing, write_atomic
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -62,7 +62,7 @@ def _committed_package(tmp_path: Path) -> PackageRepo:
 
 def test_a_package_without_version_file_reads_unknown_not_a_crash(tmp_path: Path) -> None:
     repo = _committed_package(tmp_path)
-    assert applier._version_of(repo, repo.rev("HEAD")) == "unknown"
+    assert history.version_of(repo, repo.rev("HEAD")) == "unknown"
 
 
 def test_git_failures_are_user_errors_with_gits_message_and_queries_say_none(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rigstack import images, localbase, render
+from rigstack import localbase, render, rigimages
 from rigstack.preflight.core import Context, Status
 from rigstack.preflight.image import image as image_check
 from rigstack.profiles import load_profile
@@ -58,9 +58,9 @@ def test_local_base_tags_follow_versions_env() -> None:
 
 
 def test_the_library_returns_warnings_instead_of_printing(capsys: pytest.CaptureFixture[str]) -> None:
-    ref, warning = images.base_ref(dataclasses.replace(PINS, vllm_image_digest=""))
+    ref, warning = rigimages.base_ref(dataclasses.replace(PINS, vllm_image_digest=""))
     assert ref == PINS.image_ref and "not pinned by digest" in (warning or "")
-    assert images.base_ref(PINS, flavour="cpu") == (BASE, None)
+    assert rigimages.base_ref(PINS, flavour="cpu") == (BASE, None)
     assert capsys.readouterr() == ("", "")
 
 
@@ -102,9 +102,9 @@ def applied(client, cpu_base: localbase.BaseImage, work: Path) -> dict:  # noqa:
 
 
 @pytest.fixture(scope="module")
-def rig(applied: dict, work: Path) -> images.BuildResult:
+def rig(applied: dict, work: Path) -> rigimages.BuildResult:
     assert applied["done"].returncode == 0, applied["done"].stderr[-2000:]
-    return images.build_image(images.rig_image(PROFILE), package=applied["package"], records_dir=work / "records")
+    return rigimages.build_image(rigimages.rig_image(PROFILE), package=applied["package"], records_dir=work / "records")
 
 
 @pytest.mark.docker
@@ -128,8 +128,8 @@ def test_apply_reads_the_package_out_of_the_image_without_running_it(applied: di
 
 
 @pytest.mark.docker
-def test_verify_passes_on_the_rig_image_and_names_a_changed_file(client, rig: images.BuildResult) -> None:  # noqa: F811
-    assert images.verify_image(rig.tag).ok
+def test_verify_passes_on_the_rig_image_and_names_a_changed_file(client, rig: rigimages.BuildResult) -> None:  # noqa: F811
+    assert rigimages.verify_image(rig.tag).ok
     laid = sorted(path for path in json.loads(_manifest(client, rig.tag))["files"] if path.endswith(".py"))
     target = f"{PINS.vllm_image_package_path}/{laid[0]}"
     container = client.containers.run(rig.tag, entrypoint=["python3", "-c", f"open({target!r}, 'a').write('#\\n')"],
@@ -140,7 +140,7 @@ def test_verify_passes_on_the_rig_image_and_names_a_changed_file(client, rig: im
     finally:
         container.remove(force=True)
     try:
-        report = images.verify_image("rigstack-test/cpu-tiny-docker:changed")
+        report = rigimages.verify_image("rigstack-test/cpu-tiny-docker:changed")
         assert [check.name for check in report.failures] == [f"vllm/{laid[0]}"]
         done = _run(["-m", "rigstack.images", "verify-image", "rigstack-test/cpu-tiny-docker:changed"])
         assert done.returncode == 2
@@ -152,14 +152,14 @@ def test_verify_passes_on_the_rig_image_and_names_a_changed_file(client, rig: im
 def _manifest(docker_client, tag: str) -> str:
     container = docker_client.containers.create(tag, entrypoint=["true"], command=[])
     try:
-        return images._read_file(container, images.MANIFEST).decode()
+        return rigimages._read_file(container, rigimages.MANIFEST).decode()
     finally:
         container.remove(force=True)
 
 
 @pytest.mark.docker
 def test_preflight_passes_the_rig_image_and_fails_a_missing_or_foreign_one(
-        client, rig: images.BuildResult, work: Path, patch_maker, pristine_cpu_tree: Path) -> None:  # noqa: F811
+        client, rig: rigimages.BuildResult, work: Path, patch_maker, pristine_cpu_tree: Path) -> None:  # noqa: F811
     good = image_check(Context(load_profile(PROFILE), model=None, package=None))
     assert good.status is Status.PASS and rig.tag in good.reason
 
@@ -176,7 +176,7 @@ def test_preflight_passes_the_rig_image_and_fails_a_missing_or_foreign_one(
     package = work / "other-pkg" / "vllm"
     shutil.copytree(pristine_cpu_tree, package)
     tag = "rigstack-test/other-stack:1"
-    images.build_image(images.RigImage("other", tag, "cpu"), package=package, patches_dir=stack,
+    rigimages.build_image(rigimages.RigImage("other", tag, "cpu"), package=package, patches_dir=stack,
                        records_dir=work / "records")
     try:
         foreign = image_check(Context(load_profile(_overlay(work, "foreign", image=tag)), model=None, package=None))
@@ -214,7 +214,7 @@ def _stop(docker_client, run_dir: Path, name: str, url: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def served(client, rig: images.BuildResult, work: Path) -> dict:  # noqa: F811
+def served(client, rig: rigimages.BuildResult, work: Path) -> dict:  # noqa: F811
     """The rig image through run_prod: completion, a chat answer with a tool call, bench and probe_bang, stop."""
     profile = _overlay(work, "served")
     run_dir = work / "run-served"
@@ -237,7 +237,7 @@ def served(client, rig: images.BuildResult, work: Path) -> dict:  # noqa: F811
 
 @pytest.mark.docker
 @pytest.mark.server
-def test_run_prod_serves_the_rig_image(served: dict, rig: images.BuildResult) -> None:
+def test_run_prod_serves_the_rig_image(served: dict, rig: rigimages.BuildResult) -> None:
     out = served["started"].stdout
     assert any(line.split()[:3] == ["PASS", "image", "image"] and f"{rig.tag} verified" in line
                for line in out.splitlines() if line.strip())
@@ -278,7 +278,7 @@ def test_the_bind_mount_launch_gives_the_rig_image_tokens(client, served: dict, 
 
 @pytest.mark.docker
 @pytest.mark.parametrize("case", ["bad flag", "port taken"])
-def test_a_container_that_dies_says_why(client, rig: images.BuildResult, work: Path, case: str) -> None:  # noqa: F811
+def test_a_container_that_dies_says_why(client, rig: rigimages.BuildResult, work: Path, case: str) -> None:  # noqa: F811
     fields = {"vllm": {"no-such-flag": 1}} if case == "bad flag" else {}
     profile = _overlay(work, case.replace(" ", "-"), **fields)
     port = load_profile(profile).port

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import applier
+from rigstack import applier, patched
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
@@ -42,7 +42,7 @@ def test_export_names_the_already_applied_patch_it_cannot_write(cpu_package: Pat
     out = tmp_path / "exported"
     with pytest.raises(UserError, match=r"wrote 2 of 3 patch files; left out 0002-logger-held.patch: the baseline "
                                         r"already held their change \(already-applied\)"):
-        applier.export(cpu_package, out)
+        patched.export(cpu_package, out)
     assert sorted(path.name for path in out.iterdir()) == ["0001-parser-note.patch", "0003-sched-note.patch"]
     for path in out.iterdir():
         assert path.read_bytes() == (folder / path.name).read_bytes(), "the others are written, byte for byte"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import images, localbase
+from rigstack import localbase, rigimages
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT, load_pins
@@ -57,14 +57,14 @@ def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -
     ("parser/", "folder"), ("../etc/passwd", "outside"), ("/abs.py", "outside")])
 def test_guard_refuses_what_would_shadow_the_base(path: str, words: str) -> None:
     with pytest.raises(UserError, match=words):
-        images.guard_laid([path])
+        rigimages.guard_laid([path])
 
 
 def test_guard_refuses_a_folder_of_the_package(tmp_path: Path) -> None:
     (tmp_path / "parser").mkdir()
-    assert images.guard_laid(["b.py", "a/x.py", "b.py"], tmp_path) == ["a/x.py", "b.py"]
+    assert rigimages.guard_laid(["b.py", "a/x.py", "b.py"], tmp_path) == ["a/x.py", "b.py"]
     with pytest.raises(UserError, match="folder"):
-        images.guard_laid(["parser"], tmp_path)
+        rigimages.guard_laid(["parser"], tmp_path)
 
 
 def test_daemon_not_running_is_one_line_with_the_fix(tmp_path: Path) -> None:
@@ -100,7 +100,7 @@ def test_the_build_context_never_follows_a_link(tmp_path: Path) -> None:
         context = tmp_path / f"context-{len(laid[1])}"
         context.mkdir()
         with pytest.raises(UserError, match="is a symlink"):
-            images._make_context(context, package, laid, {}, REPO_ROOT / "patches")
+            rigimages._make_context(context, package, laid, {}, REPO_ROOT / "patches")
         assert all("host only" not in path.read_text(errors="replace") for path in context.rglob("*")
                    if path.is_file())
 
@@ -112,7 +112,10 @@ def test_the_source_label_carries_no_credentials(tmp_path: Path) -> None:
     _git(tmp_path, "commit", "-q", "--allow-empty", "-m", "x")
     for url, shown in [("https://oauth2:glpat-SECRET1@gitlab.example/o/r.git", "https://gitlab.example/o/r.git"),
                        ("https://ghp_SECRET2@github.com/o/r", "https://github.com/o/r"),
-                       ("ghp_SECRET3@github.com:o/r.git", "github.com:o/r.git")]:
+                       ("ghp_SECRET3@github.com:o/r.git", "github.com:o/r.git"),
+                       # issue 28 item 29: forms no URL parser reads, which git still takes as a remote
+                       ("https:user:SECRET4@host/x.git", "host/x.git"), ("host/user:SECRET5@x.git", "host/x.git"),
+                       ("https://host/o/user:SECRET6@r.git", "https://host/o/r.git")]:
         _git(tmp_path, "remote", "remove", "origin") if "origin" in _git(tmp_path, "remote") else None
         _git(tmp_path, "remote", "add", "origin", url)
         source, _ = checkout_revision(tmp_path)
@@ -135,13 +138,13 @@ def stack_dir(patch_maker: PatchMaker, work: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def built(client, standin: str, stack_dir: Path, work: Path) -> Iterator[images.BuildResult]:  # noqa: ANN001
+def built(client, standin: str, stack_dir: Path, work: Path) -> Iterator[rigimages.BuildResult]:  # noqa: ANN001
     # The applier patches the base image's own package under build/ of the working folder.
     old = Path.cwd()
     os.chdir(work)
     try:
         # force: an image left by an earlier run must not stand in for a real build here.
-        result = images.build_image(images.RigImage("test-rig", TAG), base=standin, patches_dir=stack_dir,
+        result = rigimages.build_image(rigimages.RigImage("test-rig", TAG), base=standin, patches_dir=stack_dir,
                                     force=True, records_dir=work / "records")
     finally:
         os.chdir(old)
@@ -179,7 +182,7 @@ print(json.dumps({{
 
 
 @pytest.mark.docker
-def test_build_lays_the_patched_package_in_place(client, built: images.BuildResult, standin: str,  # noqa: ANN001
+def test_build_lays_the_patched_package_in_place(client, built: rigimages.BuildResult, standin: str,  # noqa: ANN001
                                                  stack_dir: Path, work: Path) -> None:
     assert built.built and built.image_id.startswith("sha256:")
     assert client.images.get(TAG).id == built.image_id
@@ -202,7 +205,7 @@ def test_build_lays_the_patched_package_in_place(client, built: images.BuildResu
 
 
 @pytest.mark.docker
-def test_labels_say_what_the_image_is(client, built: images.BuildResult, standin: str,  # noqa: ANN001
+def test_labels_say_what_the_image_is(client, built: rigimages.BuildResult, standin: str,  # noqa: ANN001
                                       stack_dir: Path) -> None:
     labels = client.images.get(TAG).labels
     for key in ("source", "revision", "version", "created", "base.name", "base.digest"):
@@ -216,12 +219,12 @@ def test_labels_say_what_the_image_is(client, built: images.BuildResult, standin
 
 
 @pytest.mark.docker
-def test_unchanged_rig_is_not_rebuilt(built: images.BuildResult, standin: str, stack_dir: Path,
+def test_unchanged_rig_is_not_rebuilt(built: rigimages.BuildResult, standin: str, stack_dir: Path,
                                       work: Path) -> None:
     old = Path.cwd()
     os.chdir(work)
     try:
-        again = images.build_image(images.RigImage("test-rig", TAG), base=standin, patches_dir=stack_dir,
+        again = rigimages.build_image(rigimages.RigImage("test-rig", TAG), base=standin, patches_dir=stack_dir,
                                    records_dir=work / "records")
     finally:
         os.chdir(old)
@@ -230,8 +233,8 @@ def test_unchanged_rig_is_not_rebuilt(built: images.BuildResult, standin: str, s
 
 
 @pytest.mark.docker
-def test_verify_passes_on_a_good_image(built: images.BuildResult, stack_dir: Path) -> None:
-    report = images.verify_image(TAG, stack_dir)
+def test_verify_passes_on_a_good_image(built: rigimages.BuildResult, stack_dir: Path) -> None:
+    report = rigimages.verify_image(TAG, stack_dir)
     assert report.ok, report.failures
     assert {check.name for check in report.checks} >= {f"vllm/{PROBE}", f"vllm/{HEAVY}", "stack", "manifest"}
     done = _cli("verify-image", TAG, "--patches", str(stack_dir))
@@ -240,7 +243,7 @@ def test_verify_passes_on_a_good_image(built: images.BuildResult, stack_dir: Pat
 
 
 @pytest.mark.docker
-def test_verify_fails_on_a_tampered_image_naming_the_file(client, built: images.BuildResult,  # noqa: ANN001
+def test_verify_fails_on_a_tampered_image_naming_the_file(client, built: rigimages.BuildResult,  # noqa: ANN001
                                                           stack_dir: Path) -> None:
     target = f"{PINS.vllm_image_package_path}/{PROBE}"
     container = client.containers.run(TAG, ["python3", "-c", f"open({target!r}, 'a').write('# edited\\n')"],
@@ -251,7 +254,7 @@ def test_verify_fails_on_a_tampered_image_naming_the_file(client, built: images.
     finally:
         container.remove(force=True)
     try:
-        report = images.verify_image("rigstack-test/test-rig:tampered", stack_dir)
+        report = rigimages.verify_image("rigstack-test/test-rig:tampered", stack_dir)
         assert [check.name for check in report.failures] == [f"vllm/{PROBE}"]
         done = _cli("verify-image", "rigstack-test/test-rig:tampered", "--patches", str(stack_dir))
         assert done.returncode == 2
@@ -261,16 +264,17 @@ def test_verify_fails_on_a_tampered_image_naming_the_file(client, built: images.
 
 
 @pytest.mark.docker
-def test_verify_fails_when_the_stack_moved_on(built: images.BuildResult, patch_maker: PatchMaker, work: Path) -> None:
+def test_verify_fails_when_the_stack_moved_on(built: rigimages.BuildResult, patch_maker: PatchMaker,
+                                               work: Path) -> None:
     newer = _write_stack(patch_maker, work / "patches-newer", "a newer stack")
-    report = images.verify_image(TAG, newer)
+    report = rigimages.verify_image(TAG, newer)
     assert [check.name for check in report.failures] == ["stack"]
     assert "rebuild" in report.failures[0].detail
 
 
 @pytest.mark.docker
 def test_verify_fails_on_an_image_rigstack_did_not_build(standin: str, stack_dir: Path) -> None:
-    report = images.verify_image(standin, stack_dir)
+    report = rigimages.verify_image(standin, stack_dir)
     assert not report.ok and report.failures[0].name == "labels"
 
 
@@ -278,7 +282,7 @@ def test_verify_fails_on_an_image_rigstack_did_not_build(standin: str, stack_dir
 def test_missing_base_says_how_to_get_one(client, stack_dir: Path) -> None:  # noqa: ANN001
     with pytest.raises(UserError, match=r"not present locally; pull it with `docker pull rigstack-test/no-base:1`.*"
                                         r"rigstack.images base --standin"):
-        images.build_image(images.RigImage("test-rig", "rigstack-test/never:1"), base="rigstack-test/no-base:1",
+        rigimages.build_image(rigimages.RigImage("test-rig", "rigstack-test/never:1"), base="rigstack-test/no-base:1",
                            patches_dir=stack_dir)
 
 
@@ -292,7 +296,7 @@ def test_stack_that_does_not_apply_fails_before_any_build(client, standin: str, 
     os.chdir(work)
     try:
         with pytest.raises(UserError, match="0001-image-probe.patch"):
-            images.build_image(images.RigImage("test-rig", "rigstack-test/never:1"), base=standin,
+            rigimages.build_image(rigimages.RigImage("test-rig", "rigstack-test/never:1"), base=standin,
                                patches_dir=broken, force=True)
     finally:
         os.chdir(old)
@@ -300,10 +304,10 @@ def test_stack_that_does_not_apply_fails_before_any_build(client, standin: str, 
 
 
 @pytest.mark.docker
-def test_bind_mounts_lay_only_the_changed_files(client, built: images.BuildResult, standin: str,  # noqa: ANN001
+def test_bind_mounts_lay_only_the_changed_files(client, built: rigimages.BuildResult, standin: str,  # noqa: ANN001
                                                 work: Path, stack_dir: Path) -> None:
     package = next((work / "build").glob("image-*/vllm"))
-    mounts = images.bind_mounts(package)
+    mounts = rigimages.bind_mounts(package)
     specs = mounts[1::2]
     assert mounts[::2] == ["-v"] * len(specs)
     assert sorted(spec.split(":")[1].removeprefix(PINS.vllm_image_package_path + "/") for spec in specs) == \
@@ -315,13 +319,13 @@ def test_bind_mounts_lay_only_the_changed_files(client, built: images.BuildResul
 
 
 @pytest.mark.docker
-def test_verify_catches_a_manifest_edited_to_match(client, built: images.BuildResult,  # noqa: ANN001
+def test_verify_catches_a_manifest_edited_to_match(client, built: rigimages.BuildResult,  # noqa: ANN001
                                                    stack_dir: Path) -> None:
     target = f"{PINS.vllm_image_package_path}/{PROBE}"
     code = (f"import hashlib, json\nopen({target!r}, 'a').write('# edited\\n')\n"
-            f"m = json.load(open({images.MANIFEST!r}))\n"
+            f"m = json.load(open({rigimages.MANIFEST!r}))\n"
             f"m['files'][{PROBE!r}] = hashlib.sha256(open({target!r}, 'rb').read()).hexdigest()\n"
-            f"json.dump(m, open({images.MANIFEST!r}, 'w'), indent=2, sort_keys=True)\n")
+            f"json.dump(m, open({rigimages.MANIFEST!r}, 'w'), indent=2, sort_keys=True)\n")
     container = client.containers.run(TAG, ["python3", "-c", code], detach=True)
     try:
         assert container.wait()["StatusCode"] == 0
@@ -329,7 +333,7 @@ def test_verify_catches_a_manifest_edited_to_match(client, built: images.BuildRe
     finally:
         container.remove(force=True)
     try:
-        report = images.verify_image("rigstack-test/test-rig:forged", stack_dir)
+        report = rigimages.verify_image("rigstack-test/test-rig:forged", stack_dir)
         assert [check.name for check in report.failures] == ["manifest"]
         assert "edited after the build" in report.failures[0].detail
     finally:

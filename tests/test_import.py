@@ -12,50 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import applier, cli, importer
+from rigstack import applier, cli, patched
 from rigstack.commands import stack as apply_cli
 from rigstack.baseline import parse_source
 from rigstack.gitrepo import PackageRepo
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT
 from testing.forks import ERNIE, QWEN, Repo, blob, git
+from testing.imports import header_of, run_cli, run_import, snapshot
 
 MOVED = "tool_parsers/ernie45_parser.py"
 _MAIL_DATE = "Fri, 2 Jan 2026 03:04:05 +0000"
-
-
-@pytest.fixture()
-def fork(pristine_cpu_tree: Path, tmp_path: Path) -> Repo:
-    repo = Repo(tmp_path / "fork", pristine_cpu_tree, "vllm/")
-    (repo.root / "tests").mkdir()
-    (repo.root / "tests" / "test_x.py").write_text("X = 1\n")
-    repo.commit("tests")
-    return repo
-
-
-@pytest.fixture()
-def patches(tmp_path: Path) -> Path:
-    folder = tmp_path / "patches"
-    folder.mkdir()
-    return folder
-
-
-def run_import(pins, patches: Path, *sources: Path | str, **options) -> importer.ImportResult:
-    return importer.import_patches([str(source) for source in sources], pins, patches_dir=patches, base="wheel:cpu",
-                                   **options)
-
-
-def run_cli(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str]:
-    code = cli.run(apply_cli.app, list(args))
-    return code, capsys.readouterr().err
-
-
-def snapshot(folder: Path, pattern: str = "*") -> dict[str, bytes]:
-    return {path.name: path.read_bytes() for path in sorted(folder.glob(pattern))}
-
-
-def header_of(path: Path) -> list[str]:
-    return path.read_text().partition("\n---\n")[0].splitlines()
 
 
 def test_format_patch_files_map_to_the_header(fork: Repo, patches: Path, pins, pristine_cpu_tree: Path,
@@ -402,7 +369,7 @@ def test_export_mbox_goes_through_git_am_and_imports_back_byte_identical(fork: R
     assert applied.error is None
     # The plain export too: the real stack's patches byte for byte, and the rename stays a rename (it was exported
     # as a delete plus an 8 KB add).
-    exported = applier.export(cpu_package, tmp_path / "exported")
+    exported = patched.export(cpu_package, tmp_path / "exported")
     assert [path.name for path in exported] == sorted(path.name for path in stack.glob("*.patch"))
     for path in exported:
         assert path.read_bytes() == (stack / path.name).read_bytes(), path.name
@@ -414,7 +381,7 @@ def test_export_mbox_goes_through_git_am_and_imports_back_byte_identical(fork: R
 
     # git am onto a repository with vllm/ at its top, holding the baseline's files the stack touches.
     repo = PackageRepo(cpu_package)
-    stamp_commits = [entry["commit"] for entry in applier.status(cpu_package)["patches"]]
+    stamp_commits = [entry["commit"] for entry in patched.status(cpu_package)["patches"]]
     touched = sorted(set(repo.run("diff", "--name-only", "--no-renames", f"{stamp_commits[0]}^",
                                   stamp_commits[-1]).split()))
     target = tmp_path / "am"
@@ -449,3 +416,27 @@ def test_file_names_without_a_content_header(tmp_path: Path) -> None:
                               "rename from vllm/x.py\nrename to vllm/y.py\n", 0, "t")
     assert (empty.old, empty.new) == (None, "b/parser/new_empty.py")
     assert (renamed.old, renamed.new, renamed.rename) == ("vllm/x.py", "vllm/y.py", True)
+
+
+def test_a_patch_that_collides_with_the_stack_names_the_stack_patch_and_the_file(
+        pristine_cpu_tree: Path, patches: Path, pins, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 29 item 10: a fork's patch made on the baseline, where stack patch 0001 changes the same lines, applies
+    without the stack but not over it: the table names its files and the stack patch, and the advice is not --base
+    (before: an empty files column and "import it with --base set to the vLLM it was made on")."""
+    glm = "parser/glm47_moe.py"
+    shutil.copy(REPO_ROOT / "patches" / "0001-glm47-null-args.patch", patches)
+    fork = Repo(tmp_path / "fork", pristine_cpu_tree, "vllm/", files=(glm,))
+    fork.edit(glm, "\n\ndef _glm47_arg_converter(raw_args: str, partial: bool) -> str:\n",
+              "\n\n_FORK_NOTE = 1\n\n\ndef _glm47_arg_converter(raw_args: str, partial: bool) -> str:\n")
+    fork.commit("glm47: a note of the fork")
+    mail = tmp_path / "fork.patch"
+    mail.write_text(git(fork.root, "format-patch", "--stdout", "-1"))
+    code, err = run_cli(capsys, "import", str(mail), "--patches", str(patches), "--base", "wheel:cpu")
+    (error,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert code == 1 and f"it collides with stack patch 0001-glm47-null-args.patch in vllm/{glm} (it applies to " \
+                          "the baseline without the stack)" in error, err
+    assert error.endswith("nothing was written. Remake it on top of the stack (a package `apply.py apply` patched), "
+                          "or fold its change into 0001-glm47-null-args.patch"), error
+    result = run_import(pins, patches, mail)
+    assert [(row.files, row.clashes_with) for row in result.patches] == [
+        ((f"vllm/{glm}",), "0001-glm47-null-args.patch")]

@@ -1,5 +1,5 @@
-"""rigstack.launch against real processes: a small HTTP server script that behaves well, dies, or never gets
-healthy (no mocks; the vLLM boot itself is covered by test_run_prod_e2e.py)."""
+"""rigstack.serving and rigstack.launch against real processes: a small HTTP server script that behaves well, dies,
+or never gets healthy (no mocks; the vLLM boot itself is covered by test_run_prod_e2e.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from rigstack import launch
+from rigstack.serving import events, process, ready, runrecord, unit
 from rigstack.errors import UserError
 from rigstack.output import launch as launch_output
 from testing.net import free_port
@@ -77,17 +78,17 @@ def fake(tmp_path: Path):
     started: list[Path] = []
 
     def start(mode: str, timeout_s: float = 30.0, name: str = "tiny",
-              on_event: launch.OnEvent = launch.quiet) -> launch.Launched:
+              on_event: events.OnEvent = events.quiet) -> ready.Launched:
         port = free_port()
         started.append(run_dir)
-        return launch.launch([sys.executable, str(script), mode, str(port), name], {"FAKE": "1"}, run_dir,
+        return ready.launch([sys.executable, str(script), mode, str(port), name], {"FAKE": "1"}, run_dir,
                              url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=timeout_s,
                              on_event=on_event)
 
     start.run_dir = run_dir
     yield start
     for folder in started:
-        launch.stop(folder, grace_s=1)
+        process.stop(folder, grace_s=1)
 
 
 def _gone(pid: int) -> bool:
@@ -99,7 +100,7 @@ def _gone(pid: int) -> bool:
 
 
 def _child_pid(run_dir: Path) -> int:
-    for line in (run_dir / launch.LOG_NAME).read_text().splitlines():
+    for line in (run_dir / runrecord.LOG_NAME).read_text().splitlines():
         if line.startswith("child "):
             return int(line.split()[1])
     raise AssertionError("the fake server did not report its child")
@@ -107,34 +108,34 @@ def _child_pid(run_dir: Path) -> int:
 
 def test_launch_passes_every_stage_and_stop_ends_the_group(fake) -> None:
     launched = fake("ok")
-    assert list(launched.stage_s) == [stage for stage, _ in launch.STAGES]
+    assert list(launched.stage_s) == [stage for stage, _ in ready.STAGES]
     assert launched.record.env == {"FAKE": "1"}
-    assert launch.running(fake.run_dir) == launched.record
+    assert process.running(fake.run_dir) == launched.record
     child = _child_pid(fake.run_dir)
 
-    assert launch.stop(fake.run_dir, grace_s=10) is True
+    assert process.stop(fake.run_dir, grace_s=10) is True
     assert _gone(launched.record.pid) and _gone(child)
-    assert launch.running(fake.run_dir) is None
-    assert launch.stop(fake.run_dir) is False
+    assert process.running(fake.run_dir) is None
+    assert process.stop(fake.run_dir) is False
 
 
 def test_a_dying_server_fails_at_once_with_the_log_tail_and_cause(fake) -> None:
     began = time.monotonic()
-    with pytest.raises(launch.ServerDied) as caught:
+    with pytest.raises(ready.ServerDied) as caught:
         fake("oom", timeout_s=120)
     assert time.monotonic() - began < 20  # not the timeout
     error = caught.value
     assert error.returncode == 1
     assert "CUDA out of memory" in error.tail
     assert "GPU out of memory" in str(error) and str(error).count("\n") == 0
-    assert launch.running(fake.run_dir) is None
+    assert process.running(fake.run_dir) is None
 
 
 def test_a_server_that_never_gets_healthy_times_out_and_is_stopped(fake) -> None:
     with pytest.raises(UserError, match=r"did not reach '/health 200' within 3 s") as caught:
         fake("unhealthy", timeout_s=3)
-    assert not isinstance(caught.value, launch.ServerDied)
-    assert launch.running(fake.run_dir) is None
+    assert not isinstance(caught.value, ready.ServerDied)
+    assert process.running(fake.run_dir) is None
 
 
 def test_a_server_serving_another_name_never_passes_the_models_stage(fake) -> None:
@@ -146,7 +147,7 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(fake) -> None:
     launched = fake("stubborn")
     child = _child_pid(fake.run_dir)
     began = time.monotonic()
-    assert launch.stop(fake.run_dir, grace_s=1) is True
+    assert process.stop(fake.run_dir, grace_s=1) is True
     assert time.monotonic() - began < 10
     assert _gone(launched.record.pid) and _gone(child)
 
@@ -156,7 +157,7 @@ def test_a_second_launch_into_a_busy_run_dir_is_refused(fake) -> None:
     with pytest.raises(UserError) as caught:
         fake("ok")
     assert str(caught.value).startswith(f"already serving tiny at {launched.record.url}, pid {launched.record.pid}; ")
-    assert launch.running(fake.run_dir) == launched.record  # the refusal stopped nothing
+    assert process.running(fake.run_dir) == launched.record  # the refusal stopped nothing
 
 
 def test_the_boot_shows_the_log_s_last_line_live_and_where_the_log_is(fake, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,7 +181,7 @@ def test_a_dry_run_command_runs_as_is_in_a_shell(tmp_path: Path) -> None:
     env = {"PLAIN": "1", "SPACED": "a b", "QUOTES": "it's \"x\"", "DOLLAR": "$HOME $(echo no) `id`", "BAR": "0|1",
            "NEWLINE": "one\ntwo"}
     argv = [str(dumper), "-m", "module", "--flag", "a b", "--json", '{"k":"v w"}', "--glob", "*", "--semi", "x;y"]
-    text = launch.format_command(argv, env)
+    text = unit.format_command(argv, env)
     done = subprocess.run(["bash", "-c", text], env={"PATH": os.environ["PATH"], "KEEP": "kept"},
                           capture_output=True, text=True, timeout=30)
     assert done.returncode == 0, done.stderr
@@ -195,18 +196,18 @@ def test_a_taken_port_is_refused_before_starting(tmp_path: Path) -> None:
         sock.listen()
         port = sock.getsockname()[1]
         with pytest.raises(UserError, match="already answers"):
-            launch.launch([sys.executable, "-c", "pass"], {}, tmp_path, url=f"http://127.0.0.1:{port}",
+            ready.launch([sys.executable, "-c", "pass"], {}, tmp_path, url=f"http://127.0.0.1:{port}",
                           served_name="tiny", timeout_s=5)
-    assert not (tmp_path / launch.RECORD_NAME).exists()
+    assert not (tmp_path / runrecord.RECORD_NAME).exists()
 
 
 def test_stop_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
     # A record whose pid now belongs to another process (start time differs) must not be signalled.
-    record = launch.RunRecord(pid=os.getpid(), pgid=os.getpgid(0), start_ticks=1, argv=["x"], env={},
+    record = runrecord.RunRecord(pid=os.getpid(), pgid=os.getpgid(0), start_ticks=1, argv=["x"], env={},
                               log=str(tmp_path / "log"), url="http://127.0.0.1:1", served_name="tiny")
-    launch._write_record(tmp_path, record)
-    assert launch.running(tmp_path) is None
-    assert launch.stop(tmp_path) is False
+    runrecord.write_record(tmp_path, record)
+    assert process.running(tmp_path) is None
+    assert process.stop(tmp_path) is False
 
 
 @pytest.mark.parametrize(("line", "expected"), [
@@ -219,18 +220,18 @@ def test_stop_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
      "KV cache"),
 ])
 def test_likely_cause_names_the_known_failures(line: str, expected: str) -> None:
-    assert expected in launch.likely_cause(f"INFO starting\n{line}\n")
+    assert expected in ready.likely_cause(f"INFO starting\n{line}\n")
 
 
 def test_likely_cause_ignores_healthy_lines_that_share_words() -> None:
     tail = ("INFO [kv_cache_utils.py] GPU KV cache size: 524,288 tokens\n"
             "INFO loading config.json\nRuntimeError: something nobody has seen before\n")
-    assert launch.likely_cause(tail, 1) is None
+    assert ready.likely_cause(tail, 1) is None
 
 
 def test_likely_cause_reads_a_sigkill_as_host_oom() -> None:
-    assert "ran out of RAM" in launch.likely_cause("INFO loading", -signal.SIGKILL)
-    assert launch.likely_cause("INFO loading", 1) is None
+    assert "ran out of RAM" in ready.likely_cause("INFO loading", -signal.SIGKILL)
+    assert ready.likely_cause("INFO loading", 1) is None
 
 
 def test_replicas_get_a_folder_port_and_container_each(tmp_path: Path) -> None:
@@ -253,7 +254,7 @@ def test_stop_run_ends_every_replica(tmp_path: Path) -> None:
     for replica in range(2):
         port = free_port()
         folder = tmp_path / "run" / f"replica-{replica}"
-        records.append(launch.launch([sys.executable, str(script), "ok", str(port), "tiny"], {}, folder,
+        records.append(ready.launch([sys.executable, str(script), "ok", str(port), "tiny"], {}, folder,
                                      url=f"http://127.0.0.1:{port}", served_name="tiny", timeout_s=30).record)
     assert launch.stop_run(tmp_path / "run") == 0
     assert all(_gone(record.pid) for record in records)

@@ -12,9 +12,10 @@ from rich.console import Console
 
 from rigstack import cli, output
 from rigstack.output import stack as report
-from rigstack.applier import PatchResult, StackResult
+from rigstack.applier import StackResult
+from rigstack.patchseries import PatchResult
 from rigstack.errors import UserError
-from rigstack.output.preflight import print_fits
+from rigstack.output.preflight import print_fits, print_report
 from rigstack.preflight import runner
 
 TRAP = "/data/[/x]/[red]m"  # a closing tag with no opening one, and a style that would eat itself
@@ -33,7 +34,9 @@ def screen(monkeypatch: pytest.MonkeyPatch) -> io.StringIO:
 def test_preflight_prints_profile_values_verbatim(tmp_path: Path, screen: io.StringIO) -> None:
     profile = tmp_path / "trap.yaml"
     profile.write_text(f"extends: cpu-tiny\ndescription: '{TRAP}'\nmodel:\n  path: '{TRAP}'\n  served_name: tiny\n")
-    assert runner.run_preflight(str(profile)) == runner.EXIT_FAIL  # the model folder does not exist
+    report = runner.preflight(str(profile))
+    assert report.code == runner.EXIT_FAIL  # the model folder does not exist
+    print_report(report, as_json=False)
     assert f"model folder {TRAP} not found" in screen.getvalue()
 
 
@@ -65,10 +68,13 @@ def test_apply_tables_print_patch_details_verbatim() -> None:
                              PatchResult("0001", f"0001-{TRAP}.patch", "conflict", f"hunk 1: x[i] = {TRAP}"),))
     report.print_stack_result(result, console)
     report.print_status({"package": TRAP, "vllm_version": "0.32.0", "flavour": "cpu", "stack_hash": "s",
-                         "stamp_matches_history": True, "dirty_files": [f"{TRAP}.py"],
+                         "stamp_matches_history": False, "stamp_disagrees_on": f"unreadable stamp ({TRAP})",
+                         "dirty_files": [f"{TRAP}.py"], "compiled_changed": {f"{TRAP}.so": "changed"},
+                         "compiled_checked_against": "the RECORD of x.whl",
                          "patches": [{"file": f"0001-{TRAP}.patch", "status": "applied", "commit": "c" * 40}]},
                         console)
     shown = buffer.getvalue()
     for text in (f"apply: dir:{TRAP} -> {TRAP}", f"0001-{TRAP}.patch", f"hunk 1: x[i] = {TRAP}", f"note {TRAP}",
-                 f"{TRAP} (vLLM 0.32.0, cpu)", f"changed outside the stack: {TRAP}.py"):
+                 f"{TRAP} (vLLM 0.32.0, cpu)", f"changed outside the stack: {TRAP}.py",
+                 f"the git history (unreadable stamp ({TRAP}))", f"not as built: {TRAP}.so (changed)"):
         assert text in shown, text

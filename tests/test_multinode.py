@@ -57,7 +57,8 @@ def test_the_plan_starts_the_head_then_workers_then_serves_on_ray() -> None:
     assert worker.env["VLLM_HOST_IP"] == "10.0.0.12" and serve.env["VLLM_HOST_IP"] == "10.0.0.11"
     assert serve.argv[-2:] == ["--distributed-executor-backend", "ray"]
     assert serve.argv[serve.argv.index("--pipeline-parallel-size") + 1] == "16"
-    assert serve.env["VLLM_PP_LAYER_PARTITION"].startswith("4,5,5")
+    layout = load_profile("glm53-cmp170hx-2x8-pp16").parallel.partition
+    assert serve.env["VLLM_PP_LAYER_PARTITION"] == ",".join(map(str, layout))
 
 
 def test_dry_run_prints_each_hosts_command_over_ssh() -> None:
@@ -66,10 +67,32 @@ def test_dry_run_prints_each_hosts_command_over_ssh() -> None:
                           check=False)
     assert done.returncode == 0, done.stderr
     blocks = done.stdout.strip().split("\n\n")
+    whose = f"(python {sys.executable}: the launch's own, as the profile names none for this host)"
     assert [block.splitlines()[0] for block in blocks] == [
-        "# on 10.0.0.11: ray head", "# on 10.0.0.12: ray worker", "# on 10.0.0.11: vllm serve"]
+        f"# on 10.0.0.11: ray head {whose}", f"# on 10.0.0.12: ray worker {whose}",
+        f"# on 10.0.0.11: vllm serve {whose}"]
     assert all(block.splitlines()[1] == "ssh \\" and "-o BatchMode=yes 10.0.0.1" in block for block in blocks)
     assert "--distributed-executor-backend ray" in blocks[2] and "VLLM_HOST_IP=10.0.0.12" in blocks[1]
+
+
+def test_each_host_runs_the_python_the_profile_names_for_it(tmp_path: Path) -> None:
+    """Issue 29 item 12: a host's python: in hosts: is the interpreter (and the ray beside it) its commands run, and
+    the dry run says where each came from (before: the launch's own python and ray on every host, silently)."""
+    profile = tmp_path / "hosts.yaml"
+    profile.write_text("extends: cpu-tiny-2hosts-pp2\nhosts:\n  - {address: 10.77.0.1, gpus: 1, "
+                       "python: /a/bin/python}\n  - {address: 10.77.0.2, gpus: 1}\n")
+    done = subprocess.run([sys.executable, "scripts/run_prod.py", "--profile", str(profile), "--model", "/m",
+                           "--dry-run"], cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    head, worker, serve = done.stdout.strip().split("\n\n")
+    assert head.splitlines()[0] == ("# on 10.77.0.1: ray head (python /a/bin/python: the profile's python: for this "
+                                    "host)")
+    assert serve.splitlines()[0].startswith("# on 10.77.0.1: vllm serve (python /a/bin/python: the profile's")
+    assert worker.splitlines()[0] == (f"# on 10.77.0.2: ray worker (python {sys.executable}: the launch's own, as the "
+                                      "profile names none for this host)")
+    assert "/a/bin/ray start --block --head" in head and "/a/bin/python -m vllm.entrypoints" in serve
+    assert f"{Path(sys.executable).parent / 'ray'} start --block --address 10.77.0.1:" in worker
+    assert "/a/bin" not in worker
 
 
 def test_a_worker_with_another_stack_is_refused() -> None:

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from rigstack import launch, multinode
+from rigstack import multinode
+from rigstack.serving import process, ready, runrecord
 from rigstack.preflight import scale
 from rigstack.preflight.core import Context, Status
 from rigstack.preflight.host import meminfo
@@ -83,21 +84,22 @@ def test_ray_across_two_namespaces_and_vllm_cpus_refusal(namespaces: dict[str, s
         assert multinode._alive_nodes(profile, remote, sys.executable) == 2
         serve = multinode.plan(profile, model=tiny_model, python=sys.executable)[-1]
         env = {**server_env(tmp_path), **serve.env}
-        with pytest.raises(launch.ServerDied) as died:
-            launch.launch(remote(serve.host, multinode._with_env(serve.argv, env)), {}, run_dir,
+        with pytest.raises(ready.ServerDied) as died:
+            ready.launch(remote(serve.host, multinode._with_env(serve.argv, env)), {}, run_dir,
                           url=f"http://10.78.0.2:{port}", served_name="tiny", timeout_s=600)
-        log = (run_dir / launch.LOG_NAME).read_text()
+        log = (run_dir / runrecord.LOG_NAME).read_text()
         assert REFUSAL in log and "initialize_ray_cluster" in log, died.value.tail
     finally:
         for record in reversed(records):
-            launch.end(record, grace_s=10)
-    assert all(launch.running(run_dir / f"ray-{address}") is None for address in namespaces)
+            process.end(record, grace_s=10)
+    assert all(process.running(run_dir / f"ray-{address}") is None for address in namespaces)
     for folder in temp.values():  # every Ray process of ours runs with its temp folder on its command line
         assert subprocess.run(["pgrep", "-f", str(folder)], capture_output=True, check=False).returncode == 1
     for folder in temp.values():
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.slow
 def test_preflight_hosts_check_sees_a_closed_ray_port(namespaces: dict[str, str], monkeypatch: pytest.MonkeyPatch,
                                                       tmp_path: Path) -> None:
     """Preflight's hosts check over the two namespaces: the same stack on both and every fixed Ray port reachable,

@@ -12,13 +12,16 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from rigstack import planner
+from rigstack import interpreter, planner
 from rigstack.errors import UserError
 from rigstack.planner import kv, weights
-from rigstack.planner.core import Request, plan, plan_for
-from rigstack.profiles import load_profile
+from rigstack.planner.config import shape_known
+from rigstack.planner.core import Request, plan
+from rigstack.planner.profile_plan import plan_for
+from rigstack.profiles import load_profile, model_dir
 
 LOGGED_POOL = re.compile(r"KV cache size: ([\d,]+) tokens")
+SEED003_PP8 = "11,10,10,10,10,10,9,8"  # seed 003's own layout (its profile ships the search's)
 
 
 def profile_file(tmp_path: Path, text: str, name: str = "rig") -> Path:
@@ -120,8 +123,23 @@ def test_hybrid_block_alignment_equals_vllms(monkeypatch: pytest.MonkeyPatch, kv
 # --- the seeds' models through vLLM's functions ----------------------------------------------------------------
 
 
+def _unswitched(tmp_path: Path) -> Path:
+    """Seed 003's PP8 on the pin without the stack's switches (VLLM_SWA_OWN_POOL off, vLLM's 512 MiB logits
+    sentinel), in its own layout: vLLM 0.32.0 refuses it."""
+    return profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
+                                  "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nparallel:\n  partition: [" +
+                        SEED003_PP8.replace(",", ", ") + "]\n", "unswitched")
+
+
+def _seed_case(label: str) -> object:
+    """The profile as the seed's engine ran it (its layout, vLLM's default logits sentinel): published's case."""
+    from rigstack.planner import published
+
+    return published.case_profile(next(case for case in published.CASES if case.label == label))
+
+
 def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
-    result = plan(Request(load_profile("glm53-cmp170hx-pp8"), drafter_kv="own")).to_json()
+    result = plan(Request(_seed_case("seed 003 PP8, 0.96"), drafter_kv="own")).to_json()
     assert result["groups"] == ["UniformTypeKVCacheSpecs x99"]  # 78 MLA + 21 indexer layers (index_topk_freq 4)
     assert not result["starts"]
     assert "To serve at least one request with the model's max seq len (1048576)" in result["refusal"]
@@ -129,7 +147,10 @@ def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
     assert {"pool_tokens", "binding_stage", "stages", "starts", "sessions"} <= set(result)
     assert len(result["stages"]) == 8 and result["stages"][0]["layers"] == 11
     # The same rig one card wider, at the seed's 0.93, starts when the drafter's KV is held apart.
-    assert plan(Request(load_profile("glm53-cmp170hx-pp9"), drafter_kv="own")).starts
+    assert plan(Request(_seed_case("seed 003 PP9, 0.93"), drafter_kv="own")).starts
+    # The shipped profile starts: the drafter's window kept (patch 0016) and the indexer's logits sentinel halved.
+    shipped = plan(Request(load_profile("glm53-cmp170hx-pp8")))
+    assert shipped.starts and shipped.pool_tokens >= 1_048_576
 
 
 # --- the DFlash drafter's KV ------------------------------------------------------------------------------------
@@ -145,13 +166,14 @@ def _drafter(**keys: object) -> object:
 
 
 def _profile_drafter(profile: object) -> object:
-    from rigstack.planner.core import load_drafter_config
+    from rigstack.planner.config import load_drafter_config
 
     found = load_drafter_config(profile)
     assert found is not None
     return found.config
 
 
+@pytest.mark.slow
 def test_drafter_specs_equal_vllms_attention_layers(tiny_model: Path) -> None:
     """kv.drafter_specs against a real vLLM Attention layer built as DFlashQwen3Attention builds it (on the CPU
     twin, with the CPU backend), for a sliding-window and a full layer of a DFlash drafter."""
@@ -196,20 +218,35 @@ def test_seed002_drafter_ids_come_from_vllms_sliding_window() -> None:
         assert cdiv(specs[0].max_memory_usage_bytes(config), specs[0].page_size_bytes) == 2433
 
 
-def test_drafter_kv_in_the_pool_is_what_vllm_does() -> None:
+def test_drafter_kv_in_the_pool_is_what_vllm_does(tmp_path: Path) -> None:
     # GLM-5.3 (layer-outer layout): the MLA and indexer pages cannot be unified with the drafter's, so vLLM's
     # get_kv_cache_groups falls back to allocating the sliding-window layers as full attention (seed 003:
     # "without that bound the drafter's KV caps the pool"): one group of 99 + 5 layers, and the last stage binds.
-    pool = plan_for("glm53-cmp170hx-pp8")
-    apart = plan(Request(load_profile("glm53-cmp170hx-pp8"), drafter_kv="own"))
+    off = profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
+                                 "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\n", "off")
+    pool = plan_for(str(off), partition=SEED003_PP8)
+    apart = plan(Request(load_profile(off), partition=(11, 10, 10, 10, 10, 10, 9, 8), drafter_kv="own"))
     assert pool["groups"] == ["UniformTypeKVCacheSpecs x104"]
     assert pool["binding_stage"] == 7 and pool["pool_tokens"] < apart.pool_tokens / 2
     assert apart.binding_stage == 2 and any("held apart" in note for note in apart.notes)
     assert "drafter" in pool["stages"][7]["weights_by_class"]
+    # Patch 0016 (VLLM_SWA_OWN_POOL=1) keeps the window in a pool of its own on the last stage: vLLM's own sizing
+    # then holds exactly what the planner's independent "held apart" accounting (seed 003's engine's) gives.
+    on = profile_file(tmp_path, f"extends: {off}\nenv:\n  VLLM_SWA_OWN_POOL: '1'\n", "on")
+    kept = plan_for(str(on), partition=SEED003_PP8)
+    assert kept["groups"] == ["UniformTypeKVCacheSpecs x99", "SlidingWindowSpec x5"]
+    assert kept["pool_tokens"] == apart.pool_tokens and kept["binding_stage"] == 2
+    assert kept["stages"][7]["own_pool_gib"] == pytest.approx(apart.stages[7].reserve_gib - kept["stages"][7][
+        "reserve_gib"], abs=0.01)  # the window's 8 requests of KV, 3.14 GiB either way
     # GLM-5.3-Flash (block-outer, packed): the five drafter layers are their own group, and its 4,608-token pages
-    # make the last stage's blocks the widest.
-    flash = plan_for("cmp170hx-8x-pp8")
+    # make the last stage's blocks the widest; with patch 0017 they are an own pool and the stride the target's.
+    flash_off = profile_file(tmp_path, "extends: cmp170hx-8x-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n", "flash")
+    flash = plan_for(str(flash_off), partition="7,5,7,5,7,5,7,2")
     assert flash["groups"][-1] == "UniformTypeKVCacheSpecs x5" and flash["binding_stage"] == 7
+    packed = plan_for("cmp170hx-8x-pp8", partition="7,5,7,5,7,5,7,2")
+    assert packed["groups"][-1] == "SlidingWindowSpec x5" and packed["binding_stage"] != 7
+    assert packed["stages"][7]["bytes_per_block"] < flash["stages"][7]["bytes_per_block"] / 5
+    assert packed["pool_tokens"] > 5 * flash["pool_tokens"]
 
 
 def test_drafter_config_without_a_window_is_a_clear_error(tmp_path: Path) -> None:
@@ -267,41 +304,6 @@ def test_indexer_runs_where_vllm_builds_it() -> None:
     assert kv.indexer_runs(text, 78)  # an MTP layer always has its indexer
 
 
-# --- weights from a checkpoint ---------------------------------------------------------------------------------
-
-
-def _checkpoint(folder: Path) -> dict[str, int]:
-    import torch
-    from safetensors.torch import save_file
-
-    folder.mkdir()
-    first = {"model.embed_tokens.weight": torch.zeros(10, 4, dtype=torch.bfloat16),
-             "model.layers.0.self_attn.q_proj.weight": torch.zeros(4, 4, dtype=torch.float32)}
-    second = {"model.layers.1.mlp.experts.0.down_proj.weight": torch.zeros(8, 4, dtype=torch.int8),
-              "lm_head.weight": torch.zeros(10, 4, dtype=torch.bfloat16)}
-    save_file(first, folder / "a.safetensors")
-    save_file(second, folder / "b.safetensors")
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {
-        **{name: "a.safetensors" for name in first}, **{name: "b.safetensors" for name in second}}}))
-    return {name: t.numel() * t.element_size() for name, t in {**first, **second}.items()}
-
-
-def test_checkpoint_headers_give_exact_bytes_per_stage(tmp_path: Path) -> None:
-    expected = _checkpoint(tmp_path / "ckpt")
-    sizes = weights.checkpoint_bytes(tmp_path / "ckpt")
-    assert sizes == expected
-    stages = weights.stage_bytes({k: float(v) for k, v in sizes.items()}, [(0, 1), (1, 2)])
-    assert stages[0] == {"embed": 80, "attention": 64}
-    assert stages[1] == {"routed_experts": 32, "head": 80}
-
-
-def test_checkpoint_index_naming_a_missing_shard_is_a_clear_error(tmp_path: Path) -> None:
-    _checkpoint(tmp_path / "ckpt")
-    (tmp_path / "ckpt" / "b.safetensors").unlink()
-    with pytest.raises(UserError, match=r"names shard b\.safetensors, which is missing .*finish the download"):
-        weights.checkpoint_bytes(tmp_path / "ckpt")
-
-
 # --- bad input -------------------------------------------------------------------------------------------------
 
 
@@ -337,45 +339,123 @@ def test_plan_cli_json_and_chart(tmp_path: Path) -> None:
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_without_vllm_the_serving_interpreter_plans(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
                                                     tiny_model: Path) -> None:
-    monkeypatch.setattr(planner, "has_vllm", lambda: False)
-    monkeypatch.setenv(planner.PYTHON_ENV, sys.executable)
+    monkeypatch.setattr(interpreter, "has_vllm", lambda: False)
+    monkeypatch.setenv(interpreter.PYTHON_ENV, sys.executable)
     bridged = planner.plan_dict("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
     assert bridged == plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
     # Errors come back as the same one line (this one is raised before vLLM is imported).
     with pytest.raises(UserError, match="sums to 77"):
         planner.plan_dict("glm53-cmp170hx-pp8", partition="11,10,10,10,10,10,9,7")
-    monkeypatch.delenv(planner.PYTHON_ENV)
+    monkeypatch.delenv(interpreter.PYTHON_ENV)
     monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path))
     with pytest.raises(UserError, match="the planner needs vLLM's own code"):
         planner.plan_dict("glm53-cmp170hx-pp9")
 
 
-def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path) -> None:
+def test_more_stages_than_layers_says_so(tiny_model: Path, capsys: pytest.CaptureFixture) -> None:
+    """Issue 29 item 8: PP8 of a 4-layer model is refused as such, not as a partition nobody gave."""
+    import preflight
+
+    from rigstack import cli
+
+    code = cli.run(preflight.app, ["plan", "--profile", "cpu-tiny", "--model", str(tiny_model), "--pp", "8"])
+    assert code == 1
+    assert capsys.readouterr().err.strip() == ("error: PP8 has more stages than the model's 4 layers; give --pp 4 "
+                                               "or fewer")
+
+
+def test_an_unknown_profile_is_said_before_the_interpreter(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Issue 29 item 8: with no serving venv yet, `plan --profile nope` names the profile, not the interpreter."""
+    monkeypatch.setattr(interpreter, "has_vllm", lambda: False)
+    monkeypatch.delenv(interpreter.PYTHON_ENV, raising=False)
+    monkeypatch.setenv("RIGSTACK_CACHE", str(tmp_path))
+    with pytest.raises(UserError, match="^no profile named 'nope'"):
+        planner.plan_dict("nope")
+
+
+def _table_rows(shown: str) -> list[list[str]]:
+    lines = shown.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["stage", "layers"]) + 2
+    return [line.split() for line in lines[start:] if line.split() and line.split()[0].isdigit()]
+
+
+def test_plan_text_adds_up_and_names_the_refusing_stage(tmp_path: Path) -> None:
+    """Issue 29 item 7: per stage, weights + reserve + KV budget = the card's budget; blocks and tokens are what the
+    stage's budget alone holds (budget // page); pool is the pool's blocks x that stage's page; the refusal names
+    the stage vLLM's check refuses (the first short one) and every other short stage."""
+    from rigstack.output import planner as report
+
+    result = plan_for(str(_unswitched(tmp_path)))
+    shown = report.text(result)
+    rows = _table_rows(shown)
+    assert len(rows) == 8
+    budget = 64 * 0.96
+    for row, stage in zip(rows, result["stages"]):
+        weights_gib, reserve, kv_budget, own, page, blocks, tokens, one, pool = (float(x.replace(",", ""))
+                                                                                  for x in row[2:11])
+        assert weights_gib + reserve + kv_budget == pytest.approx(budget, abs=0.02)
+        assert own == pytest.approx(stage["own_pool_gib"], abs=0.005)
+        rest = int(stage["available_gib"] * 2**30) - round(stage["own_pool_gib"] * 2**30)
+        assert blocks == stage["blocks"] == rest // stage["bytes_per_block"]
+        assert tokens == stage["tokens"] == int(blocks * result["pool_tokens"] / result["pool_blocks"])
+        assert page == pytest.approx(stage["bytes_per_block"] / 2**20, abs=0.005)
+        assert pool == pytest.approx(result["pool_blocks"] * stage["bytes_per_block"] / 2**30, abs=0.005)
+        assert one == pytest.approx(stage["request_gib"], abs=0.005)
+        short = stage["request_gib"] * 2**30 > stage["available_gib"] * 2**30 - stage["bytes_per_block"]
+        assert ("cannot hold one request" in " ".join(row)) == short == (not stage["holds_one"])
+    assert result["refusal_stage"] == result["short_stages"][0] == 1  # vLLM checks the stages in order
+    assert result["binding_stage"] == 7  # the fewest blocks: the drafter's full-attention pages
+    assert f"REFUSES on stage 1 (stages {', '.join(map(str, result['short_stages'][1:]))} short too): " \
+           "To serve at least one request" in shown
+
+
+@pytest.mark.parametrize("util", [0.85, 0.91])
+def test_any_utilisation_is_the_same_arithmetic(util: float) -> None:
+    """Nothing is tuned to a profile's own utilisation: at another one, every GPU profile's stages are the card's
+    budget less the same weights and reserve, and hold budget // page blocks (vLLM's ceil(total x util))."""
+    import math
+
+    from rigstack.planner.core import GIB
+    from rigstack.profiles import list_profiles
+
+    for name in list_profiles():
+        profile = load_profile(name)
+        if profile.flavour != "gpu" or not shape_known(profile, model_dir(profile.model, build=False)):
+            continue
+        shipped, other = plan(Request(profile)), plan(Request(profile, util=util))
+        budget = math.ceil(profile.hardware.memory_gib * GIB * util)
+        for before, after in zip(shipped.stages, other.stages):
+            assert (after.weights_gib, after.reserve_gib) == (before.weights_gib, before.reserve_gib), name
+            kv_budget = max(0, int(budget - after.weights_gib * GIB - after.reserve_gib * GIB))
+            assert abs(after.available_gib * GIB - kv_budget) <= 2, name
+            assert after.blocks <= after.available_gib * GIB // after.bytes_per_block, name
+        assert other.pool_blocks == min(stage.blocks for stage in other.stages), name
+
+
+def test_search_prints_the_refusal_once(tmp_path: Path) -> None:
+    """Issue 29 item 7: after --search the plan shown is the found one; the given one's verdict is its short
+    stages, not vLLM's text a second time."""
+    from rigstack.output import planner as report
+
+    shown = report.text(plan_for(str(_unswitched(tmp_path)), search_partition=True))
+    assert shown.count("To serve at least one request") == 1
+    assert "the given 11,10,10,10,10,10,9,8 375,296 (refused, stages" in shown
+
+
+def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path, tmp_path: Path) -> None:
     found = plan_for("cpu-tiny-pp2", model=str(tiny_model), search_partition=True)
     # 3,1 binds on its 3-layer stage; 2,2 gives both stages the same KV bytes per block, 1.5x the blocks.
     assert found["search"]["given_partition"] == [3, 1]
     assert found["partition"] == [2, 2]
     assert found["pool_tokens"] > found["search"]["given_pool_tokens"]
-    # Seed 003's hand-made PP8 layout is no better than the search's.
-    glm = plan_for("glm53-cmp170hx-pp8", search_partition=True)
-    assert glm["pool_tokens"] >= glm["search"]["given_pool_tokens"] == plan_for("glm53-cmp170hx-pp8")["pool_tokens"]
-
-
-def test_published_predictions_stay_within_five_percent() -> None:
-    """Two of the README's predicted rows (not fitted): seed 003's nine cards and seed 001's FP8 KV step at the
-    utilisation fitted on its first row."""
-    from rigstack.planner import published
-
-    cases = {case.label: case for case in published.CASES}
-    for label in ("seed 003 PP9, 0.93", "seed 001 + FP8 KV"):
-        case = cases[label]
-        ratio = published.case_plan(case).pool_tokens / case.published
-        assert abs(ratio - 1) < 0.05, (label, ratio)
-    # Seed 002's rows are compared with the pools the seed logged (issue 14: 6.62M), not a figure worked from them.
-    assert cases["seed 002 8 cards NVFP4"].published == 6_620_000
-    assert {cases[label].drafter_kv for label in cases if label.startswith("seed 002")} == {"sidecar"}
+    # Seed 003's hand-made PP8 layout holds less on the pin than the search's.
+    unswitched = str(_unswitched(tmp_path))
+    glm = plan_for(unswitched, search_partition=True)
+    assert glm["pool_tokens"] > glm["search"]["given_pool_tokens"] == plan_for(unswitched)["pool_tokens"]
+    assert max(glm["partition"]) <= 11  # no stage longer than the given layout's longest
 
 
 def test_reserve_is_vllms_moe_workspace_shapes_and_runner_buffers() -> None:
@@ -390,7 +470,8 @@ def test_reserve_is_vllms_moe_workspace_shapes_and_runner_buffers() -> None:
     from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 
     from rigstack.planner import scratch
-    from rigstack.planner.core import GIB, RESERVE, load_config
+    from rigstack.planner.config import load_config
+    from rigstack.planner.core import GIB, RESERVE
 
     profile = load_profile("cmp170hx-8x-pp8")
     text = load_config(profile, None)[0]
@@ -406,14 +487,35 @@ def test_reserve_is_vllms_moe_workspace_shapes_and_runner_buffers() -> None:
     for length, larger in ((1_048_576, "sparse"), (8192, "moe")):
         found = plan(Request(profile, max_model_len=length))
         setup = kv.KvSetup("Glm5NextForCausalLM", length, 8, 4096, 128, num_speculative_tokens=7)
-        sparse = kv.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE")
+        sparse = scratch.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE")
         assert (sparse > moe) == (larger == "sparse")
-        logits = kv.indexer_logits_bytes(setup, text)
+        logits = scratch.indexer_logits_bytes(setup, text)
         assert logits == max(512 * 2**20, 64 * length // 4 * 4)
         assert found.stages[0].reserve_gib == pytest.approx(RESERVE.fixed_gib + (max(moe, sparse) + logits) / GIB,
                                                             abs=1e-9)
         hidden = 2 * 4096 * text.hidden_size * torch.bfloat16.itemsize  # hidden states + residual
         assert found.stages[1].reserve_gib - found.stages[0].reserve_gib == pytest.approx(hidden / GIB, abs=1e-9)
+
+
+def test_the_profiles_env_sizes_the_reserve_not_the_planners(monkeypatch: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    """vLLM reads VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (the indexer's logits sentinel in the profile run) from the
+    rig's env: the planner takes it from the profile while vLLM's functions run, never from its own process."""
+    monkeypatch.setenv("VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "2048")
+    unset = profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: null\n",
+                         "unset")
+    default = plan(Request(load_profile(unset), drafter_kv="own"))
+    path = profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '256'\n")
+    lowered = plan(Request(load_profile(path), drafter_kv="own"))
+    explicit = profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\n",
+                            "explicit")
+    vllms_default = plan(Request(load_profile(explicit), drafter_kv="own"))
+    for before, after, named in zip(default.stages, lowered.stages, vllms_default.stages):
+        assert before.reserve_gib - after.reserve_gib == pytest.approx(0.25, abs=1e-9)  # 512 MiB -> 256 MiB
+        assert before.reserve_gib == named.reserve_gib  # unset is vLLM's default, 512 MiB, not this process's 2 GiB
+    import os
+
+    assert os.environ["VLLM_SPARSE_INDEXER_MAX_LOGITS_MB"] == "2048"  # put back as it was
 
 
 def test_sparse_workspace_is_the_indexers_and_flashmlas_not_triton_mla_sparses() -> None:
@@ -428,7 +530,8 @@ def test_sparse_workspace_is_the_indexers_and_flashmlas_not_triton_mla_sparses()
     from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
     from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
 
-    from rigstack.planner.core import load_config
+    from rigstack.planner import scratch
+    from rigstack.planner.config import load_config
 
     text = load_config(load_profile("cmp170hx-8x-pp8"), None)[0]
     setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128)
@@ -437,19 +540,9 @@ def test_sparse_workspace_is_the_indexers_and_flashmlas_not_triton_mla_sparses()
     rows = get_max_prefill_buffer_size(config) // text.index_kpool
     (values, fp8), (scales, u8) = _gather_workspace_shapes(rows, text.index_head_dim, torch.float8_e4m3fn, False)
     indexer = prod(values) * fp8.itemsize + prod(scales) * u8.itemsize + RADIX_TOPK_WORKSPACE_SIZE
-    assert kv.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE") == indexer
+    assert scratch.sparse_workspace_bytes(setup, text, "TRITON_MLA_SPARSE") == indexer
     gather = get_prefill_workspace_size(config) * (text.kv_lora_rank + text.qk_rope_head_dim) * 2
-    assert kv.sparse_workspace_bytes(setup, text, "FLASHMLA_SPARSE") == indexer + gather
-
-
-def test_readme_published_table_is_the_tools() -> None:
-    """The README's published-pools table carries the tool's planned figures (rerun the tool when they change)."""
-    from rigstack.planner import published
-    from rigstack.versions import REPO_ROOT
-
-    text = (REPO_ROOT / "README.md").read_text()
-    for row in published.table():
-        assert f"| {row['planned']:,} | {row['ratio']:.3f} | {row['binding_stage']} |" in text, row["case"]
+    assert scratch.sparse_workspace_bytes(setup, text, "FLASHMLA_SPARSE") == indexer + gather
 
 
 def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
@@ -457,12 +550,12 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     request needed 2,433 sidecar ids against 277 core ids", and re-blocking to 256 "raised 1M concurrency". vLLM's
     get_kv_cache_capacity over the target's groups plus the sidecar group gives the pool in that unit: the same
     blocks at either sidecar size, shared by core ids (vLLM 0.32.0's own groups) and 2,433 or 153 sidecar ids."""
-    from rigstack.profiles import Profile, _merge
+    from rigstack.profiles import Profile, merge
 
-    base = load_profile("cmp170hx-8x-pp8").model_dump()
-    plans = {block: plan(Request(Profile.model_validate(_merge(base, {"env": {
+    base = _seed_case("seed 002 8 cards NVFP4").model_dump()  # its own layout, 7,5,7,5,7,5,7,2
+    plans = {block: plan(Request(Profile.model_validate(merge(base, {"env": {
         "VLLM_GLM5N_SIDECAR_BLOCK_SIZE": str(block)}})), drafter_kv="sidecar")) for block in (16, 256)}
-    core = plan(Request(load_profile("cmp170hx-8x-pp8"), drafter_kv="own"))
+    core = plan(Request(Profile.model_validate(base), drafter_kv="own"))
     assert plans[16].pool_blocks == plans[256].pool_blocks
     ids = {block: round(found.pool_blocks / found.sessions) for block, found in plans.items()}
     core_ids = round(core.pool_blocks / core.sessions)
@@ -470,7 +563,7 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     assert plans[256].groups[-1] == "sidecar SlidingWindowSpec x5 (256 tokens)"
     assert plans[256].pool_tokens == int(plans[256].pool_blocks / ids[256] * 1_048_576)
     # Where the target's ids fit but not the sidecar's too, the seed's engine could not hold one 1M request.
-    tight = plan(Request(Profile.model_validate(_merge(base, {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}})),
+    tight = plan(Request(Profile.model_validate(merge(base, {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}})),
                          drafter_kv="sidecar", util=0.54))
     assert core_ids <= tight.pool_blocks < ids[256] and not tight.starts
     assert tight.refusal == f"{tight.pool_blocks} blocks hold {tight.sessions:.2f} requests of 1048576 tokens with " \
@@ -481,10 +574,10 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
 
 
 def test_offload_keeps_cache_and_staging_on_the_gpu_and_every_expert_in_host_ram() -> None:
-    from rigstack.profiles import Profile, _merge
+    from rigstack.profiles import Profile, merge
 
     profile = load_profile("rtxpro6000-1x-offload")
-    whole = plan(Request(Profile.model_validate(_merge(profile.model_dump(), {"offload": None}))))
+    whole = plan(Request(Profile.model_validate(merge(profile.model_dump(), {"offload": None}))))
     routed = whole.stages[0].weights_by_class["routed_experts"]  # GiB: 42 MoE layers x 288 experts on the card
     # Seed 000: "Of the 181.3 GiB checkpoint, 163.3 GiB is experts", 43 layers of them with the MTP layer's,
     # which vLLM does not load without MTP.

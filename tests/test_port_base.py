@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from rigstack import port
-from rigstack.baseline import release_wheel, sha256_of
+from rigstack.baseline import sha256_of
+from rigstack.wheelindex import release_wheel
 from rigstack.errors import UserError
 from rigstack.versions import REPO_ROOT, load_pins
 from testing.cli import one_line_error, run_apply

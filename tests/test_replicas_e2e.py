@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rigstack import launch
+from rigstack.serving import process, ready
 from rigstack.preflight.host import meminfo
 from testing.net import free_port
 from testing.server import server_env
@@ -43,7 +43,8 @@ def _served(url: str) -> int:
 def _complete(router: str, prompt: str | list[int], max_tokens: int = 4) -> int:
     try:
         return httpx.post(router + "/v1/completions", timeout=120, json={
-            "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}).status_code
+            "model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+            "ignore_eos": True}).status_code  # every request runs its full length: the tiny model's EOS is common
     except httpx.HTTPError:
         return 0
 
@@ -86,7 +87,7 @@ def pool(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Iterator
     finally:
         stopped = _run(["scripts/run_prod.py", "stop", "--run-dir", str(run_dir)], env, 120)
         print(stopped.stdout, stopped.stderr)
-        assert all(launch.running(path) is None for path in (run_dir / "router", *run_dir.glob("replica-*")))
+        assert all(process.running(path) is None for path in (run_dir / "router", *run_dir.glob("replica-*")))
 
 
 @pytest.mark.server
@@ -109,59 +110,75 @@ def test_the_router_lists_the_model_once_and_both_replicas_answer(pool: dict[str
     assert sum(served) == len(prompts) and min(served) > 0, served
 
 
+def _running(url: str) -> int:
+    """Requests this replica is running now, from its own gauge."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running{")))
+
+
+def _spread(prompts: int, first: int) -> list[list[int]]:
+    """Token-id prompts, each with a first token of its own (prompt k of the run starts with 10 + 151 k mod 3990,
+    inside the tiny vocabulary): cache_aware spreads them, where text prompts it never matches stay on one."""
+    return [[10 + (151 * k + 7 * j) % 3990 for j in range(24)] for k in range(first, first + prompts)]
+
+
 @pytest.mark.server
 def test_a_shared_prefix_sticks_to_the_replica_that_holds_it(pool: dict[str, object]) -> None:
-    """vllm-router 0.1.17 matches prefixes on token ids: two prefixes seeded at once land on different replicas,
-    then each prefix's later requests follow it there (a policy that ignored prefixes would not split them)."""
+    """vllm-router 0.1.17 matches prefixes on token ids: each prefix's later requests follow the replica its first
+    one went to (a policy that ignored prefixes would split five requests). Where the first ones land depends on
+    the router's state (the trees of the requests before), so that is not asserted."""
     router, replicas = pool["router"], pool["replicas"]
-    first, second = list(range(100, 400)), list(range(1000, 1300))
-    with ThreadPoolExecutor(2) as workers:
-        before = [_served(url) for url in replicas]
-        assert list(workers.map(lambda ids: _complete(router, ids, 16), [first + [7], second + [7]])) == [200] * 2
-        seeded = [_served(url) - old for url, old in zip(replicas, before)]
-    assert seeded == [1, 1], seeded
     per_prefix = []
-    for prefix in (first, second):
+    for prefix in (list(range(100, 400)), list(range(1000, 1300))):
+        before = [_served(url) for url in replicas]
+        assert _complete(router, prefix + [7], 16) == 200
+        home = [_served(url) - old for url, old in zip(replicas, before)].index(1)
         before = [_served(url) for url in replicas]
         assert [_complete(router, prefix + [8 + i], 2) for i in range(5)] == [200] * 5
         per_prefix.append([_served(url) - old for url, old in zip(replicas, before)])
+        assert per_prefix[-1][home] == 5, (home, per_prefix)
     print("FIGURES prefix", json.dumps({"per_prefix_per_replica": per_prefix}))
-    assert sorted(map(sorted, per_prefix)) == [[0, 5], [0, 5]] and per_prefix[0] != per_prefix[1], per_prefix
 
 
 @pytest.mark.server
 def test_a_killed_replica_leaves_rotation_and_a_restarted_one_rejoins(pool: dict[str, object]) -> None:
+    """The contract (rigstack.replicas.retry_flags): a replica killed with requests in flight loses none of them;
+    the router retries each on the survivor. The kill waits for the victim's own gauge to show requests running."""
     router, replicas, run_dir = pool["router"], pool["replicas"], pool["run_dir"]
-    assert _healthy(router) == {url: True for url in replicas}
-    victim = launch.running(run_dir / "replica-1")
+    _wait(lambda: _healthy(router) == {url: True for url in replicas}, 30)
+    victim = process.running(run_dir / "replica-1")
     assert victim is not None
-    survivor_before = _served(replicas[0])
-    with ThreadPoolExecutor(2) as workers:
-        futures = [workers.submit(_complete, router, f"Load request {i} about topic {i * 7919 % 97}", 8)
-                   for i in range(LOAD)]
-        statuses = [future.result() for future in futures[:6]]
+    before = [_served(url) for url in replicas]
+    with ThreadPoolExecutor(4) as workers:
+        futures = [workers.submit(_complete, router, prompt, 48) for prompt in _spread(LOAD, 0)]
+        gauge: list[int] = []  # the reading that ends the wait is the one the kill follows (CI read 0 again after)
+        _wait(lambda: gauge.append(_running(replicas[1])) or gauge[-1] > 0, 60)
+        in_flight = gauge[-1]
         os.killpg(victim.pgid, signal.SIGKILL)  # mid-load: a crash, not a clean stop
         leave_s = _wait(lambda: not _healthy(router)[replicas[1]], LEAVE_LIMIT_S)
-        statuses += [future.result() for future in futures[6:]]
-    failed = sum(status != 200 for status in statuses)
-    # Every request once it is out of rotation is served by the survivor.
+        statuses = [future.result() for future in futures]
     survivor_mid = _served(replicas[0])
-    assert [_complete(router, f"After the crash, request {i}") for i in range(8)] == [200] * 8
-    assert _served(replicas[0]) - survivor_mid == 8
+    assert [_complete(router, prompt) for prompt in _spread(8, 100)] == [200] * 8
+    after_leave = _served(replicas[0]) - survivor_mid
 
-    relaunched = launch.launch(victim.argv, victim.env, run_dir / "replica-1", url=victim.url,
+    # A SIGKILLed group can take seconds to be gone (a member mid-fork or mid-exit); a run once found one alive.
+    gone_s = _wait(lambda: process.running(run_dir / "replica-1") is None, 60)
+    relaunched = ready.launch(victim.argv, victim.env, run_dir / "replica-1", url=victim.url,
                                served_name=victim.served_name, timeout_s=900)
     rejoin_s = _wait(lambda: _healthy(router)[replicas[1]], 120)
-    back = _served(replicas[1])
-    with ThreadPoolExecutor(4) as workers:  # at once, so that cache_aware balances onto the empty replica
-        statuses_after = list(workers.map(lambda i: _complete(router, f"Fresh topic number {i}: {i * 104729}", 16),
-                                          range(8)))
-    rejoined = _served(replicas[1]) - back
-    figures = {"load_requests": LOAD, "failed": failed, "failed_statuses": sorted(set(statuses) - {200}),
-               "marked_down_after_kill_s": leave_s, "survivor_served_during_load":
-               survivor_mid - survivor_before, "restart_boot_s": relaunched.stage_s,
-               "marked_up_after_ready_s": rejoin_s, "after_rejoin_on_restarted": rejoined}
+    back, rounds, statuses_after = _served(replicas[1]), 0, []
+    while _served(replicas[1]) == back and rounds < 5:  # at once, so that cache_aware balances onto the empty one
+        rounds += 1
+        with ThreadPoolExecutor(4) as workers:
+            statuses_after += list(workers.map(lambda prompt: _complete(router, prompt, 16),
+                                               _spread(8, 200 + 8 * rounds)))
+    figures = {"load_requests": LOAD, "victim_in_flight_at_kill": in_flight, "lost": sum(s != 200 for s in statuses),
+               "statuses": sorted(set(statuses)), "marked_down_after_kill_s": leave_s, "group_gone_after_s": gone_s,
+               "survivor_served_during_load": survivor_mid - before[0], "after_leave_on_survivor": after_leave,
+               "restart_boot_s": relaunched.stage_s, "marked_up_after_ready_s": rejoin_s,
+               "rounds_until_restarted_served": rounds, "after_rejoin_on_restarted": _served(replicas[1]) - back}
     print("FIGURES kill", json.dumps(figures))
-    assert statuses_after == [200] * 8 and rejoined > 0, figures
-    # What the router's retries could not save: at most the requests in flight on the victim when it died.
-    assert failed <= 2, figures
+    assert in_flight > 0 and statuses == [200] * LOAD, figures
+    assert after_leave == 8, figures  # out of rotation: every request to the survivor
+    assert statuses_after == [200] * len(statuses_after) and figures["after_rejoin_on_restarted"] > 0, figures

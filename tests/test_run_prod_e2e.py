@@ -13,7 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rigstack import launch, render
+from rigstack import render
+from rigstack.serving import process, runrecord
 from rigstack.cache import cache_dir
 from rigstack.preflight.knowledge import find_package
 from rigstack.profiles import load_profile
@@ -77,7 +78,7 @@ def _serve_and_check(work: dict[str, object], base: str) -> dict[str, object]:
                        {**env, **TERMINAL}, timeout=1200)
         assert started.returncode == 0, started.stderr[-3000:]
         assert "ready" in started.stderr
-        record = launch.running(run_dir)
+        record = process.running(run_dir)
         assert record is not None, "run_prod returned but its server is not running"
         url = record.url
         assert f"server log: {record.log}" in started.stderr
@@ -88,7 +89,7 @@ def _serve_and_check(work: dict[str, object], base: str) -> dict[str, object]:
         again = _run(["scripts/run_prod.py", "--profile", str(profile), "--run-dir", str(run_dir), "--force"], env,
                      timeout=300)
         assert again.returncode == 1, again.stdout + again.stderr
-        assert launch.running(run_dir) == record, "the refused start stopped the running server"
+        assert process.running(run_dir) == record, "the refused start stopped the running server"
         assert (f"error: already serving tiny at {url}, pid {record.pid}; `python scripts/run_prod.py stop "
                 f"--run-dir {run_dir}` first") in " ".join(again.stderr.split())
 
@@ -116,7 +117,7 @@ def _serve_and_check(work: dict[str, object], base: str) -> dict[str, object]:
     finally:
         stopped = _run(["scripts/run_prod.py", "stop", "--run-dir", str(run_dir)], env)
     assert stopped.returncode == 0, stopped.stderr
-    assert launch.running(run_dir) is None
+    assert process.running(run_dir) is None
     with pytest.raises(httpx.TransportError):
         httpx.get(url + "/health", timeout=5)
     return {"tokens": first["token_ids"], "strings": first["logprobs"]["tokens"],
@@ -158,7 +159,7 @@ def test_the_dry_run_command_runs_as_is_in_a_shell(tmp_path: Path) -> None:
     result = _run(["scripts/run_prod.py", "--profile", str(profile), "--model", "/m/tiny", "--dry-run",
                    "--run-dir", str(tmp_path)], {})
     assert result.returncode == 0, result.stderr
-    assert not (tmp_path / launch.RECORD_NAME).exists()
+    assert not (tmp_path / runrecord.RECORD_NAME).exists()
     seen = tmp_path / "seen.json"
     recorder = tmp_path / "recorder"
     recorder.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
@@ -181,7 +182,7 @@ def test_a_failing_preflight_refuses_to_start(tmp_path: Path, tiny_model: Path) 
     assert result.returncode == 2, result.stdout + result.stderr
     assert "FAIL" in result.stdout and "partition" in result.stdout
     assert "error: preflight failed for profile cpu-tiny-pp2-test" in " ".join(result.stderr.split())
-    assert not (tmp_path / "run" / launch.RECORD_NAME).exists()
+    assert not (tmp_path / "run" / runrecord.RECORD_NAME).exists()
 
 
 def test_stop_without_a_server_names_the_run_dir(tmp_path: Path) -> None:

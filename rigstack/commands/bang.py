@@ -1,6 +1,7 @@
 """probe_bang.py: silent-corruption probe (seed 003). N greedy repeats of each prompt must be identical, with no
-token id 0 and no token at logprob -ln(vocab); exit 2 when something is found. `swap` reruns it with two devices
-swapped in CUDA_VISIBLE_DEVICES to see whether the fault follows the card. Add --debug anywhere for tracebacks."""
+token id 0 (unless id 0 is one of the model's special tokens, e.g. its EOS) and no token at logprob -ln(vocab); exit 2
+when something is found. `swap` reruns it with two devices swapped in CUDA_VISIBLE_DEVICES to see whether the fault
+follows the card. Add --debug anywhere for tracebacks."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated
 import typer
 
 from rigstack.output.probes import SwapView, show_published
-from rigstack.probes.cli import ApiKeyEnv, Model, Out, Package, Profile, Target, Timeout, Url
+from rigstack.probes.cli import ApiKeyEnv, Fleet, Model, Out, Package, Profile, Target, Timeout, Url
 from rigstack.probes import bang, swap
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
@@ -25,9 +26,9 @@ Tol = Annotated[float, typer.Option(help="nats above -ln(vocab) that still count
 def run(url: Url, model: Model, api_key_env: ApiKeyEnv = None, profile: Profile = None, package: Package = None,
         timeout: Timeout = 1800.0, prompt: Prompt = [], max_tokens: MaxTokens = 8000, repeats: Repeats = 30,
         vocab_size: Vocab = None, tol: Tol = 0.01,
-        out: Out = None) -> int:
+        out: Out = None, fleet: Fleet = None) -> int:
     """Probe one running server."""
-    return bang.main(Target(url, model, api_key_env, profile, package, timeout), prompt, max_tokens, repeats,
+    return bang.main(Target(url, model, api_key_env, profile, package, timeout, fleet), prompt, max_tokens, repeats,
                      vocab_size, tol, out, show_published)
 
 

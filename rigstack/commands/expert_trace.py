@@ -11,7 +11,8 @@ from typing import Annotated
 import typer
 
 from rigstack import expert_trace
-from rigstack.client import Endpoint, Server, api_key_from_env
+from rigstack.client import Server
+from rigstack.endpoint import Endpoint, api_key_from_env
 from rigstack.cli import console
 from rigstack.errors import UserError
 from rigstack.output.expert_trace import show_trace

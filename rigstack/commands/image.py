@@ -9,9 +9,10 @@ from pathlib import Path
 
 import typer
 
-from rigstack import images, localbase
+from rigstack import localbase, rigimages
 from rigstack.cli import console
 from rigstack.errors import UserError
+from rigstack.invocation import command
 from rigstack.output.images import show_base, show_build, show_report
 from rigstack.stack import DEFAULT_PATCHES_DIR
 
@@ -27,17 +28,17 @@ def build(profile: list[str] = typer.Option([], "--profile", "-p", help="profile
           force: bool = typer.Option(False, help="build even when an image with the same cache key exists")) -> int:
     """Build each rig's image: the pinned base plus only the files the stack changed."""
     if all_ == bool(profile):
-        raise UserError("give --profile NAME (repeatable) or --all; `python preflight.py profiles` lists them")
-    rigs = images.all_rig_images() if all_ else [images.rig_image(name) for name in profile]
+        raise UserError(f"give --profile NAME (repeatable) or --all; `{command('preflight profiles')}` lists them")
+    rigs = rigimages.all_rig_images() if all_ else [rigimages.rig_image(name) for name in profile]
     for rig in rigs:
-        show_build(images.build_image(rig, package=package, base=base, patches_dir=patches, force=force))
+        show_build(rigimages.build_image(rig, package=package, base=base, patches_dir=patches, force=force))
     return 0
 
 
 def verify(image: str = typer.Argument(..., help="image reference or id"),
            patches: Path = typer.Option(DEFAULT_PATCHES_DIR, help="the current patch stack")) -> int:
     """Re-hash the laid files inside IMAGE against its manifest and the current stack (never runs it)."""
-    report = images.verify_image(image, patches)
+    report = rigimages.verify_image(image, patches)
     show_report(report)
     return 0 if report.ok else 2
 

@@ -1,6 +1,7 @@
 """Seconds-long checks of this host, the patched vLLM and the weights against a profile.
 
     python preflight.py --profile NAME|PATH.yaml [--model PATH] [--package PATH] [--python PATH] [--json] [--strict]
+    python preflight.py --fleet NAME|PATH.yaml [--package PATH] [--python PATH] [--json] [--strict]
     python preflight.py profiles            every profile, marking those that fit this host's GPUs
     python preflight.py show NAME [--resolved]
     python preflight.py plan --profile NAME [--pp N] [--tp N] [--partition a,b,...] [--util F] [--max-model-len N]
@@ -30,13 +31,33 @@ def main(
                                       "flag and import checks (default: its venv's python, else this one)"),
     json_out: bool = typer.Option(False, "--json", help="results as JSON on stdout"),
     strict: bool = typer.Option(False, help="exit 1 on warnings"),
+    fleet: str | None = typer.Option(None, "--fleet", help="check a fleet (fleets/ name or YAML path): every "
+                                     "member's checks, then its GPU sets, ports, RAM and gateway"),
 ) -> None:
-    """Check a profile (default: cpu-tiny)."""
-    if ctx.invoked_subcommand is None:
-        from rigstack.preflight.runner import run_preflight
+    """Check a profile (default: cpu-tiny), or a fleet."""
+    if ctx.invoked_subcommand is None and fleet is not None:
+        from rigstack.fleets import load_fleet
+        from rigstack.output.preflight import print_fleet_report
+        from rigstack.preflight.fleet import fleet_preflight
 
-        raise typer.Exit(run_preflight(profile, model=model, package=package, python=python, as_json=json_out,
-                                       strict=strict))
+        fleet_report = fleet_preflight(load_fleet(fleet), package=package, python=python, strict=strict)
+        print_fleet_report(fleet_report, json_out)
+        raise typer.Exit(fleet_report.code)
+    if ctx.invoked_subcommand is None and package is None and python is None:
+        from rigstack.interpreter import in_serving_python, option_words
+        from rigstack.profiles import load_profile
+
+        rerun = in_serving_python(load_profile(profile), ["preflight", "--profile", profile, *option_words(
+            model=model, json=json_out, strict=strict)])
+        if rerun is not None:
+            raise typer.Exit(rerun)
+    if ctx.invoked_subcommand is None:
+        from rigstack.output.preflight import print_report
+        from rigstack.preflight.runner import preflight
+
+        report = preflight(profile, model=model, package=package, python=python, strict=strict)
+        print_report(report, json_out)
+        raise typer.Exit(report.code)
 
 
 @app.command("profiles")

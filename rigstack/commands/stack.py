@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from rigstack import applier, cli, importer
+from rigstack import applier, cli, importer, lock, patched
 from rigstack import port as porting
 from rigstack.baseline import parse_source
 from rigstack.errors import UserError
@@ -65,7 +65,7 @@ def check(source: FromOpt = "wheel", out: OutOpt = None, patches: PatchesOpt = D
 @app.command()
 def status(package: PackageArg, as_json: JsonOpt = False) -> int:
     """What is applied to a package, from its stamp and git history."""
-    result = applier.status(package)
+    result = patched.status(package)
     if as_json:
         print_json(result)
     else:
@@ -87,7 +87,7 @@ def export(package: PackageArg, to: Annotated[Path, typer.Option(help="folder fo
     if fmt is ExportFormat.mbox:
         cli.console.print(f"wrote {importer.export_mbox(package, to)}")
         return 0
-    for path in applier.export(package, to):
+    for path in patched.export(package, to):
         cli.console.print(f"wrote {path}")
     return 0
 
@@ -102,10 +102,23 @@ def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an m
                                               "wheel:X.Y.Z | image:REF | dir:PATH")] = "wheel",
             base_sha256: BaseShaOpt = None,
             dry_run: Annotated[bool, typer.Option("--dry-run", help="print the table, write nothing")] = False,
+            ignore_index: Annotated[bool, typer.Option(
+                "--ignore-index", help="trust the context when index lines match no baseline (said in the header)")]
+            = False,
+            include: Annotated[list[str], typer.Option(help="keep only files matching this glob (repeat)")] = [],
+            exclude: Annotated[list[str], typer.Option(help="leave out files matching this glob (repeat)")] = [],
+            strip: Annotated[int | None, typer.Option("-p", min=0, help="path components to strip in plain diffs "
+                                                                        "[1]")] = None,
             as_json: JsonOpt = False) -> int:
     """Bring patches made elsewhere into the stack: each must apply, in order, after the stack on the base."""
-    result = importer.import_patches(sources, load_pins(), patches_dir=patches, base=base, start=start,
-                                     dry_run=dry_run, base_sha256=base_sha256)
+    options = importer.ImportOptions(ignore_index, importer.PathFilter(tuple(include), tuple(exclude)), strip)
+    try:
+        result = importer.import_patches(sources, load_pins(), patches_dir=patches, base=base, start=start,
+                                         dry_run=dry_run, base_sha256=base_sha256, options=options)
+    except UserError as error:
+        if as_json:  # JSON out in every outcome, refusals included
+            print_json(importer.refused(error, base, patches, dry_run).to_json())
+        raise
     if as_json:
         print_json(result.to_json())
     print_result(result, cli.console)
@@ -117,7 +130,7 @@ def import_(sources: Annotated[list[str], typer.Argument(help="patch files, an m
 @app.command()
 def diff(package: PackageArg) -> int:
     """Print the single combined diff of the stack against the baseline."""
-    sys.stdout.write(applier.combined_diff(package))
+    sys.stdout.write(patched.combined_diff(package))
     return 0
 
 
@@ -139,7 +152,7 @@ def port(to: Annotated[str | None, typer.Option("--to", help="the vLLM release t
     try:
         action = porting.action_of(cont, skip, abort, report_only, write)
         root = work.absolute()
-        with applier.target_lock(root / porting.LOCK_DIR, root, "port"):
+        with lock.target_lock(root / porting.LOCK_DIR, root, "port"):
             report = porting.port(action, load_pins(), to=to, source=source, patches_dir=patches, sha256=sha256,
                                   work_root=work, base=base, base_sha256=base_sha256)
     except UserError as error:

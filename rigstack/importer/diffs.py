@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fnmatch
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rigstack.errors import UserError
@@ -27,6 +29,7 @@ class FileDiff:
     rename: bool = False
     names: list[str] = field(default_factory=list)  # the diff --git line's two names, a fallback
     side: str = ""  # "created" or "deleted" when the git header says so
+    start: int = 0  # the line (of diff.split("\n")) where this file's section begins
 
     @property
     def paths(self) -> list[str]:
@@ -35,8 +38,9 @@ class FileDiff:
 
 def files_of(diff: str, strip: int, label: str) -> list[FileDiff]:
     """The files a diff touches, read the way `git apply -p<strip>` reads them; hunk bodies are skipped by count,
-    so a removed line that reads '-- x' is never taken for a file name."""
-    lines = diff.splitlines()
+    so a removed line that reads '-- x' is never taken for a file name. Lines end at "\n" only: a CR (a CRLF file)
+    or a form feed inside a line is the file's content, as it is to git."""
+    lines = diff.split("\n")
     files: list[FileDiff] = []
     current: FileDiff | None = None
     in_header = False
@@ -48,11 +52,12 @@ def files_of(diff: str, strip: int, label: str) -> list[FileDiff]:
             match = _DIFF_GIT.match(line)
             if not match:
                 raise UserError(f"{label}: cannot read {line!r} (quoted or spaced file names are not supported)")
-            current, in_header = FileDiff(names=[_strip(name, strip, label) for name in match.groups()]), True
+            current = FileDiff(names=[_strip(name, strip, label) for name in match.groups()], start=index)
+            in_header = True
             files.append(current)
         elif line.startswith("--- ") and index + 1 < len(lines) and lines[index + 1].startswith("+++ "):
             if current is None or not in_header:
-                current = FileDiff()
+                current = FileDiff(start=index)
                 files.append(current)
             current.old = _name(line[4:], strip, label)
             current.new = _name(lines[index + 1][4:], strip, label)
@@ -76,6 +81,43 @@ def files_of(diff: str, strip: int, label: str) -> list[FileDiff]:
             entry.old = None if entry.side == "created" else old
             entry.new = None if entry.side == "deleted" else new
     return files
+
+
+@dataclass(frozen=True)
+class PathFilter:
+    """git apply's --include/--exclude, order-independent: a path is kept when it matches an include pattern (or
+    none is given) and no exclude pattern. Patterns are fnmatch globs on the path as the diff names it after -p
+    (`*` also crosses `/`, as in git apply)."""
+
+    include: tuple[str, ...] = ()
+    exclude: tuple[str, ...] = ()
+
+    def keeps(self, path: str) -> bool:
+        def matches(patterns: Sequence[str]) -> bool:
+            return any(fnmatch.fnmatchcase(path, pattern) for pattern in patterns)
+        return (not self.include or matches(self.include)) and not matches(self.exclude)
+
+    def __bool__(self) -> bool:
+        return bool(self.include or self.exclude)
+
+
+def filtered(diff: str, strip: int, label: str, paths: PathFilter) -> tuple[str, list[str]]:
+    """The diff with only the files `paths` keeps (a rename is kept when either name is), and the paths left out."""
+    files = files_of(diff, strip, label)
+    if not paths or not files:
+        return diff, []
+    lines = diff.split("\n")
+    bounds = [entry.start for entry in files] + [len(lines)]
+    kept, dropped = lines[:bounds[0]], []
+    for entry, start, end in zip(files, bounds, bounds[1:]):
+        if any(paths.keeps(path) for path in entry.paths):
+            kept += lines[start:end]
+        else:
+            dropped += entry.paths
+    if len(kept) == bounds[0]:
+        return "", dropped
+    text = "\n".join(kept)
+    return text if text.endswith("\n") else text + "\n", dropped
 
 
 def _header_line(entry: FileDiff, line: str, strip: int, label: str) -> None:

@@ -6,7 +6,9 @@ import tempfile
 from pathlib import Path
 
 from rigstack.errors import UserError
-from rigstack.gitrepo import PackageRepo
+from dataclasses import replace
+
+from rigstack.gitrepo import PackageRepo, checkout_revision
 from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import read_mbox
 from rigstack.stack import PACKAGE
@@ -37,6 +39,8 @@ def read_range(spec: str, git: PackageRepo, work: Path) -> list[Incoming]:
     mbox.write_bytes(repo.run("format-patch", "--stdout", "-M", "--no-signature", "--no-color", "--src-prefix=a/",
                               "--dst-prefix=b/", "--no-binary", revisions).encode())
     items = read_mbox(mbox, git, work, f"{PREFIX}{path}", layout=layout, by_commit=True)
+    source = checkout_revision(path)[0]  # the origin remote without credentials; file://PATH is the label already
+    items = [item if source.startswith("file://") else replace(item, where=f"repository {source}") for item in items]
     if len(items) != len(commits):
         raise UserError(f"{spec}: {len(commits)} commits but {len(items)} patches; a commit that changes nothing "
                         "has no patch: drop it from the range")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from email.parser import HeaderParser
 
 from rigstack.stack import FIELDS, UNFILLED
@@ -25,13 +25,21 @@ class Incoming:
     slug: str | None = None  # the slug its rigstack file had, when known
     strip: int = 1  # leading path components to strip (git's and quilt's -p)
     layout: str | None = None  # "fork" (vllm/ at the top) or "package" when the source knows; else guessed
+    left_out: tuple[str, ...] = ()  # paths --include/--exclude took out of the diff
+    where: str = ""  # the repository (and commit) the source came from, when it says or its checkout does
 
-    def header_text(self) -> str:
-        """The header block of the rigstack patch, every field the source could not fill marked for a person."""
+    def header_text(self, note: str = "") -> str:
+        """The header block of the rigstack patch, every field the source could not fill marked for a person; what
+        the import did to the patch (files left out, index ids ignored) is said in Origin, with `note`."""
+        notes = "; ".join(filter(None, (f"import left out {', '.join(self.left_out)} (--include/--exclude)"
+                                        if self.left_out else "", note)))
         if self.header is not None:
-            return f"Subject: {self.subject}\n{self.header}"
+            header = re.sub(r"^(Origin: .*)$", lambda line: f"{line.group(1)}; {notes}", self.header, count=1,
+                            flags=re.M) if notes else self.header
+            return f"Subject: {self.subject}\n{header}"
         unknown = f"{UNFILLED} from {self.label})"
-        fields = {"subject": self.subject, "why": self.why, "origin": self.origin or self.label,
+        origin = "; ".join(filter(None, (self.origin or self.label, self.where, notes)))
+        fields = {"subject": self.subject, "why": self.why, "origin": origin,
                   "upstream": self.upstream, "switch": "", "rigs": "", "tests": ""}
         lines = [_field(name, value or unknown) for name, value in fields.items()]
         if self.trailers:
@@ -49,14 +57,30 @@ def _field(name: str, value: str) -> str:
     return f"{name.capitalize()}: " + "\n  ".join(lines) + "\n"
 
 
-def slug_of(subject: str) -> str:
-    words = re.findall(r"[a-z0-9]+", subject.lower())[:_SLUG_WORDS] or ["imported"]
+def slug_of(subject: str, words: int = _SLUG_WORDS, chars: int = _SLUG_CHARS) -> str:
+    picked = re.findall(r"[a-z0-9]+", subject.lower())[:words] or ["imported"]
     slug = ""
-    for word in words:
-        if slug and len(slug) + len(word) + 1 > _SLUG_CHARS:
+    for word in picked:
+        if slug and len(slug) + len(word) + 1 > chars:
             break
-        slug = f"{slug}-{word}" if slug else word[:_SLUG_CHARS]
+        slug = f"{slug}-{word}" if slug else word[:chars]
     return slug
+
+
+def distinct_slugs(items: list[Incoming]) -> list[Incoming]:
+    """The items with a slug no other item of the run has: a shared slug (subjects that differ past the sixth
+    word: .../cuda.py and .../cuda_communicator.py) takes more of its subject's words, and what is still shared
+    (the same subject twice) gets -2, -3 from its second occurrence on."""
+    slugs = [item.file_slug for item in items]
+    shared = {slug for slug in slugs if slugs.count(slug) > 1}
+    slugs = [slug_of(item.subject, words=64, chars=80) if slug in shared and item.slug is None else slug
+             for item, slug in zip(items, slugs)]
+    seen: dict[str, int] = {}
+    distinct = []
+    for slug in slugs:
+        seen[slug] = seen.get(slug, 0) + 1
+        distinct.append(slug if seen[slug] == 1 else f"{slug}-{seen[slug]}")
+    return [item if item.file_slug == slug else replace(item, slug=slug) for item, slug in zip(items, distinct)]
 
 
 def rigstack_header(body: str) -> str | None:

@@ -7,7 +7,7 @@ import tempfile
 from email.header import Header
 from pathlib import Path
 
-from rigstack import applier
+from rigstack import patched
 from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -26,7 +26,8 @@ def read_mbox(path: Path, git: PackageRepo, work: Path, label: str, layout: str 
               by_commit: bool = False) -> list[Incoming]:
     """Every patch mail of an mbox (or of one format-patch file); a cover letter is passed over."""
     folder = Path(tempfile.mkdtemp(prefix="mails-", dir=work))
-    git.run("mailsplit", "-b", f"-o{folder}", str(path))  # -b: a file without a From line is one mail
+    # -b: a file without a From line is one mail; --keep-cr: a CRLF file's CRs are its content (as `git am --keep-cr`)
+    git.run("mailsplit", "-b", "--keep-cr", f"-o{folder}", str(path))
     mails = sorted(folder.iterdir())
     items = []
     for number, mail in enumerate(mails, start=1):
@@ -42,6 +43,8 @@ def read_mbox(path: Path, git: PackageRepo, work: Path, label: str, layout: str 
 def _read_mail(mail: Path, git: PackageRepo, label: str, layout: str | None, by_commit: bool) -> Incoming | None:
     raw = mail.read_bytes()
     text = raw.decode("utf-8", errors="replace")
+    if b"\0" in raw.partition(b"\n\n")[0]:  # git mailinfo cuts a header at a NUL, silently
+        raise UserError(f"{label}: a NUL byte in its mail headers (the Subject would be cut there); remove it")
     commit = _COMMIT.match(text)
     sha = commit.group(1) if commit and commit.group(1) != _NO_COMMIT else None
     if by_commit and sha:
@@ -70,7 +73,7 @@ def _read_mail(mail: Path, git: PackageRepo, label: str, layout: str | None, by_
 
 def _utf8(path: Path, label: str) -> str:
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8")  # bytes: read_text would turn a CRLF file's CRs into newlines
     except UnicodeDecodeError:
         raise UserError(f"{label}: not UTF-8 text after decoding; binary patches are not supported") from None
 
@@ -83,11 +86,11 @@ def export_mbox(package: Path, to: Path) -> Path:
     mbox gives the patches back byte for byte; renames stay renames."""
     if to.is_dir():
         raise UserError(f"--to {to} is a folder; an mbox is one file: pass --to FILE")
-    commits = {entry["file"]: entry["commit"] for entry in applier.status(package)["patches"]}
+    commits = {entry["file"]: entry["commit"] for entry in patched.status(package)["patches"]}
     repo = PackageRepo(package.absolute())
     with tempfile.TemporaryDirectory(prefix="rigstack-export-") as tmp:
         # The headers exactly as `export` writes them; only the diffs are made again, keeping renames.
-        exported = [parse_patch(path) for path in applier.export(package, Path(tmp))]
+        exported = [parse_patch(path) for path in patched.export(package, Path(tmp))]
     mails = [_mail(number, len(exported), commits[patch.file], patch.header.subject, patch.header_text, patch.file,
                    repo.diff(commits[patch.file] + "^", commits[patch.file], renames=True), repo)
              for number, patch in enumerate(exported, start=1)]

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import replace
 from email.parser import HeaderParser
 from pathlib import Path
 
 from rigstack.errors import UserError
-from rigstack.gitrepo import PackageRepo
+from rigstack.gitrepo import PackageRepo, file_origin
 from rigstack.importer.diffs import DIFF_START
 from rigstack.importer.incoming import Incoming
 from rigstack.importer.mbox import read_mbox
+from rigstack.files import read_regular
 
 SERIES = "series"
 _STRIP = re.compile(r"^-p(\d+)$")
@@ -20,16 +22,30 @@ _STRIP = re.compile(r"^-p(\d+)$")
 _DESCRIPTION = ("description", "subject")
 _AUTHOR = ("author", "from")
 _HEADER_LINE = re.compile(r"^[A-Za-z][A-Za-z0-9-]*:( |$)")
+# git mailinfo -b's rule, for a mail whose From line was cut off: a [PATCH ...] prefix is no part of the subject.
+_PATCH_PREFIX = re.compile(r"^\[[^\]]*\bPATCH\b[^\]]*\]\s*", re.I)
+# Far above any real series (51 patches of three outside repositories are under 2 MiB), far below the memory.
+MAX_SOURCE_BYTES = 64 << 20
+_FIX = "a SOURCE is a patch file, an mbox, a quilt folder or git:PATH@A..B"
+
+
+def read_text(path: Path, what: str = "import source") -> str:
+    """A source file's text: a regular file, bounded, UTF-8, every byte kept (a CRLF file's CRs are content)."""
+    data = read_regular(path, what, MAX_SOURCE_BYTES, _FIX)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; binary patches are not supported") from None
 
 
 def read_quilt(folder: Path, git: PackageRepo, work: Path) -> list[Incoming]:
     """The patches a quilt series names, in its order; '#' comments and -pN levels are honoured."""
     series = folder / SERIES
-    if not series.is_file():
+    if not os.path.lexists(series):  # whatever is there, read_text says why it is no series file
         raise UserError(f"{folder} has no {SERIES} file; a quilt folder lists its patches in {SERIES} (or pass the "
                         "patch files themselves)")
     items: list[Incoming] = []
-    for number, line in enumerate(series.read_text().splitlines(), start=1):
+    for number, line in enumerate(read_text(series, "quilt series").splitlines(), start=1):
         words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
         if not words:
             continue
@@ -42,7 +58,11 @@ def read_quilt(folder: Path, git: PackageRepo, work: Path) -> list[Incoming]:
                                 "apply a reversed patch (-R) and export it instead")
             strip = int(match.group(1))
         path = folder / name
-        if not path.is_file():
+        if name.startswith("/") or ".." in Path(name).parts or \
+                not Path(os.path.realpath(path)).is_relative_to(os.path.realpath(folder)):
+            raise UserError(f"{series} line {number} names {name}, which is outside {folder}; a series names the "
+                            "patches in its own folder")
+        if not os.path.lexists(path):
             raise UserError(f"{series} line {number} names {name}, which is not in {folder}; fix the series or add "
                             "the file")
         items += read_file(path, git, work, strip, label=f"{folder.name}/{name}")
@@ -55,17 +75,15 @@ def read_file(path: Path, git: PackageRepo, work: Path, strip: int = 1, label: s
     """A format-patch file or mbox (it starts with a 'From ' line), else a diff with an optional DEP-3 or free-text
     header before it."""
     label = label or path.name
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; binary patches are not supported") from None
+    text = read_text(path)
+    where = file_origin(path) or ""
     if text.startswith("From "):
-        return [replace(item, strip=strip) for item in read_mbox(path, git, work, label)]
+        return [replace(item, strip=strip, where=where) for item in read_mbox(path, git, work, label)]
     start = DIFF_START.search(text)
     if start is None:
         raise UserError(f"{path} holds no diff (no 'diff --git' or '---' line); is it a patch?")
     head, diff = text[:start.start()], text[start.start():]
-    return [_plain(label, path, head, diff, strip)]
+    return [replace(_plain(label, path, head, diff, strip), where=where)]
 
 
 def _plain(label: str, path: Path, head: str, diff: str, strip: int) -> Incoming:
@@ -82,6 +100,7 @@ def _plain(label: str, path: Path, head: str, diff: str, strip: int) -> Incoming
     description = next((lines for key in _DESCRIPTION if (lines := _lines(fields.pop(key, [])))), [])
     free = [line for line in rest.splitlines() if line.strip() and line.strip() != "---"]
     subject = description[0] if description else (free.pop(0).strip() if free else _subject_of(path))
+    subject = _PATCH_PREFIX.sub("", subject) or subject
     why = "\n".join(description[1:] + free)
     author = next((value for key in _AUTHOR for value in fields.pop(key, [])), "")
     origin = "; ".join([*fields.pop("origin", [label])] + ([f"author {author}"] if author else []) +

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from rigstack.cli import console
-from rigstack.images import BuildResult, VerifyReport
+from rigstack.rigimages import BuildResult, VerifyReport
 from rigstack.localbase import BaseImage
 
 

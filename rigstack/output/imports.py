@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rigstack.importer import ImportResult
@@ -17,8 +18,9 @@ def print_result(result: ImportResult, console: Console) -> None:
         table.add_column(column)
     for row in result.patches:
         style = _STYLE.get(row.status, "bold red")
-        status = f"[{style}]{row.status}[/]" + (f" ({row.detail})" if row.detail else "")
-        table.add_row(row.source, row.file or row.id, row.subject, "\n".join(row.files), status)
+        status = f"[{style}]{row.status}[/]" + (f" ({escape(row.detail)})" if row.detail else "")
+        table.add_row(escape(row.source), row.file or row.id, escape(row.subject), escape("\n".join(row.files)),
+                      status)
     console.print(table)
     if not result.pinned:
         console.print(f"[yellow]note:[/] {result.base} is not the pinned vLLM baseline ({result.fingerprint[:19]}…); "

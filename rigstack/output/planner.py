@@ -24,50 +24,129 @@ def show_plan(plan: dict[str, Any], png: Path, as_json: bool) -> None:
         print(f"chart: {plan['png']}")
 
 
-def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) -> None:
-    print(f"reserve: {reserve}; seed 001 utilisation {util}")
-    print("| case | published | planned | ratio | binding stage | vLLM starts | the pin, drafter KV in the pool |")
-    print("|---|---:|---:|---:|---:|---|---|")
+PUBLISHED_HEADER = ("| case | published | planned | ratio | binding stage | vLLM starts | "
+                    "rigstack on the pin (the shipped profile) |")
+
+
+def published_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The README's published-pools table, one markdown line per row (tests/test_planner_published.py keeps the
+    README's the same, cell by cell)."""
+    lines = [PUBLISHED_HEADER, "|---|---:|---:|---:|---:|---|---|"]
     for row in rows:
         about = "about " if row["approximate"] else ""
         mark = f" (fit: {row['fit']})" if row["fit"] else ""
         what = f" ({row['compared']})" if row["compared"] else ""
         own = {"own": " (drafter KV apart)", "sidecar": " (drafter sidecar ids)"}.get(row["drafter_kv"], "")
-        verdict = "starts" if row["pin_starts"] else "refused"
-        pin = (f"{row['pin_tokens']:,}, stage {row['pin_binding_stage']}, {verdict}"
-               if row["drafter_kv"] != "pool" else "the same")
-        print(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
-              f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
+        pin = ""
+        if row["pin_tokens"] is not None:
+            verdict = "starts" if row["pin_starts"] else "refused"
+            pin = f"{row['profile']}: {row['pin_tokens']:,}, {row['pin_ratio']:.3f}, {verdict}"
+        lines.append(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
+                     f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
+    return lines
+
+
+def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) -> None:
+    print(f"reserve: {reserve}; seed 001 utilisation {util}")
+    print("\n".join(published_lines(rows)))
+
+
+SHIPPED_HEADER = ("| profile | seed | PP x TP | partition | pool on the pin | starts | `--search` finds | pool | "
+                  "starts |")
+
+
+def shipped_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """The README's table of the shipped GPU profiles on the pin (tests/test_planner_published.py keeps the
+    README's the same, cell by cell); the search's columns read "the same" where it finds the shipped partition."""
+    lines = [SHIPPED_HEADER, "|---|---|---|---|---:|---|---|---:|---|"]
+    for row in rows:
+        same = row["found_partition"] == row["partition"]
+        found = ("the same", "", "") if same else (",".join(map(str, row["found_partition"])),
+                                                    f"{row['found_pool_tokens']:,}",
+                                                    "yes" if row["found_starts"] else "no")
+        lines.append(f"| {row['profile']} | {row['seed'] or ''} | PP{row['pp']} x TP{row['tp']} | "
+                     f"{','.join(map(str, row['partition']))} | {row['pool_tokens']:,} | "
+                     f"{'yes' if row['starts'] else 'no'} | {' | '.join(found)} |")
+    return lines
+
+
+def show_shipped(rows: list[dict[str, Any]]) -> None:
+    print("\n".join(shipped_lines(rows)))
+
+
+def _stage_lines(plan: dict[str, Any]) -> list[str]:
+    """The per-stage table: weights + reserve + KV budget fill the card's budget; page, blocks and tokens are what
+    the stage's budget alone holds; 1 request is vLLM's check's figure; pool is what the stage allocates."""
+    budget = (f"{plan['memory_gib']:g} GiB x {plan['util']:g} = {plan['budget_gib']:.2f} GiB a card"
+              if plan["util"] is not None else f"KV space {plan['budget_gib']:g} GiB a stage")
+    lines = [f"budget {budget} = weights + reserve + KV budget; own: a sliding-window pool of its own (patch "
+             "0016), off the KV budget; blocks and tokens: what the rest alone holds; 1 request: one max-model-len "
+             f"request's KV there (vLLM's startup check); pool: the pool's {plan['pool_blocks']:,} blocks x the "
+             "stage's page (what it allocates)",
+             f"{'stage':>5} {'layers':>6} {'weights':>8} {'reserve':>8} {'KV budget':>9} {'own':>6} "
+             f"{'page MiB':>9} {'blocks':>8} {'tokens':>12} {'1 request':>9} {'pool':>7}",
+             f"{'':>5} {'':>6} {'GiB':>8} {'GiB':>8} {'GiB':>9} {'GiB':>6} {'':>9} {'alone':>8} {'alone':>12} "
+             f"{'GiB':>9} {'GiB':>7}"]
+    for stage in plan["stages"]:
+        marks = []
+        if stage["index"] == plan["binding_stage"] and plan["pp"] > 1:
+            marks.append("fewest blocks: sets the pool")
+        if not stage["holds_one"]:
+            marks.append("cannot hold one request")
+        lines.append(f"{stage['index']:>5} {stage['layers']:>6} {stage['weights_gib']:>8.2f} "
+                     f"{stage['reserve_gib']:>8.2f} {stage['available_gib']:>9.2f} "
+                     f"{stage.get('own_pool_gib', 0.0):>6.2f} "
+                     f"{stage['bytes_per_block'] / 2**20:>9.2f} {stage['blocks']:>8,} {stage['tokens']:>12,} "
+                     f"{stage['request_gib']:>9.2f} {stage['pool_gib']:>7.2f}"
+                     + (f"  <- {'; '.join(marks)}" if marks else ""))
+    return lines
+
+
+def _stages_named(indices: list[int]) -> str:
+    return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))
+
+
+def _verdict(plan: dict[str, Any]) -> str:
+    if not plan.get("host_fits", True):
+        return f"does not start: {plan['refusal']}"
+    if plan["starts"]:
+        return "vLLM's startup check (_check_enough_kv_cache_memory): passes on every stage"
+    stage = plan.get("refusal_stage")
+    others = [i for i in plan.get("short_stages", []) if i != stage]
+    where = f" on stage {stage}" if stage is not None else ""
+    also = f" ({_stages_named(others)} short too)" if others else ""
+    return f"vLLM's startup check (_check_enough_kv_cache_memory): REFUSES{where}{also}: {plan['refusal']}"
+
+
+def _search_line(plan: dict[str, Any]) -> str:
+    found = plan["search"]
+    given = found["given_partition"]
+    if found.get("given_starts", True):
+        verdict = "starts"
+    else:
+        short = found.get("given_short_stages") or []
+        verdict = f"refused, {_stages_named(short)} short" if short else "refused"
+    same = " (the given one)" if found["found_partition"] == given else ""
+    return (f"search: {','.join(map(str, found['found_partition']))}{same} holds {found['found_pool_tokens']:,} "
+            f"tokens (the plan above); the given {','.join(map(str, given))} {found['given_pool_tokens']:,} "
+            f"({verdict})")
 
 
 def text(plan: dict[str, Any]) -> str:
     lines = [f"{plan['profile']}: {plan['architecture']}, PP{plan['pp']} x TP{plan['tp']}, "
              f"partition {','.join(map(str, plan['partition']))}, KV {plan['kv_cache_dtype']}, "
              f"block {plan['block_size']:,} tokens, groups {', '.join(plan['groups'])}",
-             f"weights: {plan['weights_source']}"]
-    budget = f"{plan['memory_gib']:g} GiB x {plan['util']:g}" if plan["util"] is not None else "KV space"
-    lines.append(f"{'stage':>5} {'layers':>6} {'weights GiB':>11} {'reserve GiB':>11} {'KV GiB':>8} "
-                 f"{'blocks':>8} {'tokens':>12}   (budget {budget})")
-    for stage in plan["stages"]:
-        mark = "  <- binds" if stage["index"] == plan["binding_stage"] and plan["pp"] > 1 else ""
-        lines.append(f"{stage['index']:>5} {stage['layers']:>6} {stage['weights_gib']:>11.2f} "
-                     f"{stage['reserve_gib']:>11.2f} {stage['kv_gib']:>8.2f} {stage['blocks']:>8,} "
-                     f"{stage['tokens']:>12,}{mark}")
-    lines.append(f"pool: {plan['pool_tokens']:,} tokens ({plan['pool_blocks']:,} blocks, the minimum over stages; "
-                 f"stage {plan['binding_stage']} binds); {plan['sessions']:.2f} requests of "
-                 f"{plan['max_model_len']:,} tokens fit (target {plan['target_sessions']:g})")
+             f"weights: {plan['weights_source']}", *_stage_lines(plan),
+             f"pool: {plan['pool_tokens']:,} tokens ({plan['pool_blocks']:,} blocks, the fewest any stage holds: "
+             f"stage {plan['binding_stage']}'s); {plan['sessions']:.2f} requests of {plan['max_model_len']:,} "
+             f"tokens fit (target {plan['target_sessions']:g})"]
     if plan.get("host_gib"):
         have = plan.get("host_ram_gib")
         lines.append("host RAM, pinned for offloaded experts: "
                      + ", ".join(f"stage {stage['index']} {stage['host_gib']:.1f}" for stage in plan["stages"])
                      + f" GiB; {plan['host_gib']:.1f} GiB in all"
                      + (f" of the rig's {have:g}" if have is not None else " (no hardware.host_ram_gib to check)"))
-    if not plan.get("host_fits", True):
-        lines.append(f"does not start: {plan['refusal']}")
-    elif plan["starts"]:
-        lines.append("vLLM's startup check (_check_enough_kv_cache_memory): passes")
-    else:
-        lines.append(f"vLLM's startup check (_check_enough_kv_cache_memory): REFUSES: {plan['refusal']}")
+    lines.append(_verdict(plan))
     backend = plan.get("attention_backend")
     if backend:
         picked = backend["picked"] or "no valid attention backend among those checkable here"
@@ -76,10 +155,7 @@ def text(plan: dict[str, Any]) -> str:
                      + (f", unless one of {', '.join(above)} (ranked higher, not importable here) accepts" if above
                         else ""))
     if "search" in plan:
-        found = plan["search"]
-        lines.append(f"search: {','.join(map(str, found['found_partition']))} holds "
-                     f"{found['found_pool_tokens']:,} tokens; the given {','.join(map(str, found['given_partition']))} "
-                     f"{found['given_pool_tokens']:,}")
+        lines.append(_search_line(plan))
     lines += [f"note: {note}" for note in plan["notes"]]
     return "\n".join(lines)
 
@@ -95,8 +171,8 @@ def write_png(plan: dict[str, Any], path: Path) -> Path:
     names = [f"{s['index']}\n({s['layers']} layers)" for s in stages]
     weights = [s["weights_gib"] for s in stages]
     reserve = [s["reserve_gib"] for s in stages]
-    kv = [s["kv_gib"] for s in stages]
-    unused = [max(0.0, s["available_gib"] - s["kv_gib"]) for s in stages]
+    kv = [s["pool_gib"] for s in stages]
+    unused = [max(0.0, s["available_gib"] - s["pool_gib"]) for s in stages]
     figure, axes = plt.subplots(figsize=(max(5, 1.1 * len(stages) + 2), 4.5))
     bottom = [0.0] * len(stages)
     for label, values in (("weights", weights), ("non-KV reserve", reserve), ("KV pool", kv),

@@ -20,8 +20,9 @@ def print_report(report: PortReport, console: Console) -> None:
     if state is not None:
         table = Table(title=f"port: vLLM {state.old.version} -> {state.new.version} ({state.new.source})",
                       title_justify="left")
+        # fold: at 80 columns a long file name is broken over lines, never cut to an ellipsis (issue 29 item 11)
         for column in ("patch", "status", "detail", "drift (functions changed upstream)"):
-            table.add_column(column)
+            table.add_column(column, overflow="fold")
         for entry in state.patches:
             style = _STYLE.get(entry.status, "bold red")
             table.add_row(entry.file, f"[{style}]{entry.status}[/]", entry.detail, "\n".join(entry.drift))

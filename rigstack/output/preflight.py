@@ -12,6 +12,7 @@ from rigstack import output
 from rigstack.preflight.bench import TARGET_S, PreflightTiming
 from rigstack.preflight.core import Result, Status
 from rigstack.preflight.nvml import GpuScan
+from rigstack.preflight.fleet import FleetReport
 from rigstack.preflight.runner import PreflightReport
 from rigstack.profiles import Profile
 
@@ -23,7 +24,11 @@ def print_report(report: PreflightReport, as_json: bool) -> None:
         # indent, no key sorting: the order of checks is the order they ran.
         print(json.dumps(report.to_json(), indent=2))
         return
-    results = report.results
+    _print_results(report.results)
+    output.stdout.print(f"{report.profile.name}: {_counts(report.results)} ({report.seconds:.1f} s)", markup=False)
+
+
+def _print_results(results: list[Result]) -> None:
     width = max(len(result.check) for result in results)
     for result in results:
         # Reasons quote profile values and paths: printed as text, never read as markup.
@@ -31,8 +36,10 @@ def print_report(report: PreflightReport, as_json: bool) -> None:
                                           f"{result.reason}"))
         if result.fix and result.status in (Status.FAIL, Status.WARN):
             output.stdout.print(f"     {'':<{width}}  fix: {result.fix}", markup=False)
-    counts = ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
-    output.stdout.print(f"{report.profile.name}: {counts} ({report.seconds:.1f} s)", markup=False)
+
+
+def _counts(results: list[Result]) -> str:
+    return ", ".join(f"{sum(r.status is s for r in results)} {s.value}" for s in Status)
 
 
 def print_fits(gpus: GpuScan, rows: list[tuple[Profile, Result]], as_json: bool) -> None:
@@ -66,3 +73,17 @@ def show_timing(timing: PreflightTiming) -> None:
     verdict = "meets" if timing.headline_s < TARGET_S else "MISSES"
     output.stdout.print(f"median {timing.headline_s:.2f} s {verdict} the {TARGET_S:.1f} s target (preflight exit code "
                         f"{timing.exit_code}; {timing.cpus} CPUs, load average {timing.load:.1f})")
+
+
+def print_fleet_report(report: FleetReport, as_json: bool) -> None:
+    """Each member's checks under its name, then the fleet's own."""
+    if as_json:
+        print(json.dumps(report.to_json(), indent=2))
+        return
+    blocks = [(f"members.{index}: {profile.name} ({profile.model.served_name})", results)
+              for index, (profile, results) in enumerate(report.members)]
+    for title, results in [*blocks, (f"fleet {report.fleet.name}", report.results)]:
+        output.stdout.print(Text(title, style="bold"))
+        _print_results(results)
+    everything = [result for _, results in report.members for result in results] + report.results
+    output.stdout.print(f"fleet {report.fleet.name}: {_counts(everything)} ({report.seconds:.1f} s)", markup=False)

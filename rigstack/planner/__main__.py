@@ -27,7 +27,7 @@ def main(
     kv_space_gib: float | None = typer.Option(None, "--kv-space-gib"),
     search_partition: bool = typer.Option(False, "--search-partition"),
 ) -> None:
-    from rigstack.planner.core import plan_for
+    from rigstack.planner.profile_plan import plan_for
 
     result = plan_for(profile, pp=pp, tp=tp, partition=partition, util=util, max_model_len=max_model_len,
                       max_num_seqs=max_num_seqs, model=model, kv_space_gib=kv_space_gib,

@@ -5,17 +5,21 @@ Runs in an interpreter that has vLLM (and transformers, which ships the model co
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field, replace
 from itertools import accumulate
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from rigstack.errors import UserError
 from rigstack.planner import weights as wt
+from rigstack.planner.config import Drafter, linear_layers, load_config, load_drafter_config, mtp_layers, text_config
 from rigstack.planner.offload import split as offload_split
+from rigstack.planner.sizes import drafter_bytes, target_sizes
 from rigstack.profiles import Profile, model_dir
+
+if TYPE_CHECKING:
+    from rigstack.planner.kv import KvResult, KvSetup
 
 GIB = 1024**3
 # vLLM 0.32.0's defaults where a profile sets no flag (EngineArgs / SchedulerConfig).
@@ -29,13 +33,12 @@ CPU_BLOCK_SIZE = 128
 class Reserve:
     """The non-KV memory of one stage beside its weights, in GiB: a fixed part (CUDA context, NCCL buffers, the
     CUDA-graph pool that vLLM measures by a trial capture) plus the profile run's scratch as vLLM's own shape
-    functions size it (planner.scratch, kv.sparse_workspace_bytes): the larger of the fused-MoE workspaces and
-    the sparse-MLA workspaces, because vLLM's WorkspaceManager serves both from one shared allocation, plus the
-    allocations beside it (the indexer's logits sentinel, kv.indexer_logits_bytes; the runner's buffers on that
-    stage). fixed_gib is the one fitted constant (published.fit); README,
-    "Capacity planner", says on which case."""
+    functions size it (planner.scratch): the larger of the fused-MoE workspaces and the sparse-MLA workspaces,
+    because vLLM's WorkspaceManager serves both from one shared allocation, plus the allocations beside it (the
+    indexer's logits sentinel; the runner's buffers on that stage). fixed_gib is the one fitted constant
+    (published.fit); README, "Capacity planner", says on which case."""
 
-    fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack.planner.published --fit)
+    fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack plan-published --fit)
 
     def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
         return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
@@ -46,17 +49,23 @@ RESERVE = Reserve()
 
 @dataclass
 class Stage:
+    """One PP stage, per card. weights + reserve + available = the card's budget (memory x util); of available,
+    own_pool_gib goes to groups with a pool of their own (patch 0016), the rest to the shared pool's blocks."""
+
     index: int
     first_layer: int
     layers: int
-    weights_gib: float
+    weights_gib: float  # on the card (offloaded experts are in host_gib)
     weights_by_class: dict[str, float]
     reserve_gib: float
-    available_gib: float  # what vLLM's determine_available_memory returns: the KV budget of this stage
-    kv_gib: float  # what the pool takes on this stage (its blocks x its bytes per block)
-    blocks: int  # the blocks this stage alone could hold
-    bytes_per_block: int
-    tokens: int  # tokens this stage alone could hold
+    available_gib: float  # the KV budget, what vLLM's determine_available_memory returns for this stage
+    bytes_per_block: int  # one pool block on this stage: every group's page of its layers here
+    blocks: int  # what this stage's KV budget alone holds ((available - own_pool) // bytes_per_block)
+    tokens: int  # tokens those blocks alone would hold
+    pool_gib: float  # what vLLM allocates here: the pool's blocks (the minimum over stages) x bytes_per_block
+    request_gib: float  # one max-model-len request's KV on this stage, as vLLM's startup check counts it
+    holds_one: bool  # this stage's own startup check passes
+    own_pool_gib: float = 0.0  # its sliding-window layers' pool of their own (VLLM_SWA_OWN_POOL, patch 0016)
     host_gib: float = 0.0  # pinned host RAM for this stage's offloaded experts (patch 0014; planner.offload)
 
 
@@ -70,6 +79,7 @@ class Plan:
     partition: list[int]
     util: float | None
     memory_gib: float | None
+    budget_gib: float  # per card: memory x util (GPU), the KV space (CPU)
     max_model_len: int
     max_num_seqs: int
     kv_cache_dtype: str
@@ -78,10 +88,12 @@ class Plan:
     stages: list[Stage]
     pool_blocks: int
     pool_tokens: int
-    binding_stage: int
+    binding_stage: int  # the stage with the fewest blocks, which sets the pool
     sessions: float
     starts: bool
     refusal: str | None
+    refusal_stage: int | None  # the stage vLLM's refusal is about (the first whose check fails)
+    short_stages: list[int]  # every stage whose own check fails
     weights_source: str
     notes: list[str] = field(default_factory=list)
     attention_backend: dict[str, Any] | None = None  # vLLM's CUDA selector for the rig (GPU profiles)
@@ -115,68 +127,6 @@ class Request:
     drafter_kv: DrafterKv = "pool"
 
 
-# --- the model config ------------------------------------------------------------------------------------------
-
-
-def load_config(profile: Profile, folder: Path | None) -> tuple[Any, str]:
-    """The model's config as transformers reads it: config.json from the model folder, else the profile's
-    planner.config (real keys of the architecture's config; transformers fills in the class defaults)."""
-    from transformers import AutoConfig
-
-    source = None
-    if folder is not None and (folder / "config.json").is_file():
-        data, source = json.loads((folder / "config.json").read_text()), str(folder / "config.json")
-    elif profile.planner is not None and profile.planner.config:
-        data, source = dict(profile.planner.config), f"profile {profile.name} planner.config"
-    else:
-        raise UserError(f"profile {profile.name}: no config.json at {folder} and no planner.config; download the "
-                        "model or add the model's config keys under planner.config")
-    model_type = data.get("model_type")
-    if not model_type:
-        raise UserError(f"{source}: no model_type; add the architecture's model_type (e.g. glm_moe_dsa)")
-    try:
-        config = AutoConfig.for_model(model_type, **{k: v for k, v in data.items() if k != "model_type"})
-    except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{source}: transformers cannot build a {model_type} config ({error}); fix the keys") from None
-    archs = data.get("architectures") or list(profile.model.shape.architectures or ())
-    if not archs:
-        raise UserError(f"{source}: no architectures; add the model class name (e.g. GlmMoeDsaForCausalLM)")
-    return config, archs[0]
-
-
-def _text(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
-
-
-@dataclass(frozen=True)
-class Drafter:
-    config: Any  # transformers' config of the drafter's config.json
-    folder: Path | None  # where its weights are, if here
-    source: str  # where the config came from
-
-
-def load_drafter_config(profile: Profile) -> Drafter | None:
-    """A DFlash drafter's config as transformers reads it (its config.json from the drafter folder, else the
-    profile's planner.drafter_config; DFlash drafters are Qwen3 configs); None without one."""
-    from transformers import AutoConfig
-
-    if (profile.speculative or {}).get("method") != "dflash":
-        return None
-    folder = model_dir(profile.drafter, build=False) if profile.drafter else None
-    if folder is not None and (folder / "config.json").is_file():
-        data, source = json.loads((folder / "config.json").read_text()), str(folder / "config.json")
-    elif profile.planner is not None and profile.planner.drafter_config:
-        data, source = dict(profile.planner.drafter_config), f"profile {profile.name} planner.drafter_config"
-    else:
-        return None
-    kind = data.get("model_type", "qwen3")
-    try:
-        config = AutoConfig.for_model(kind, **{k: v for k, v in data.items() if k != "model_type"})
-    except (ValueError, KeyError, TypeError) as error:
-        raise UserError(f"{source}: transformers cannot build a {kind} config ({error}); fix the keys") from None
-    return Drafter(config, folder, source)
-
-
 # --- the partition ----------------------------------------------------------------------------------------------
 
 
@@ -207,74 +157,7 @@ def bounds_of(partition: list[int]) -> list[tuple[int, int]]:
     return list(zip(edges, edges[1:]))
 
 
-# --- weights ----------------------------------------------------------------------------------------------------
-
-
-def _mtp_layers(profile: Profile, text: Any) -> int:
-    spec = profile.speculative or {}
-    return int(getattr(text, "num_nextn_predict_layers", 1) or 1) if spec.get("method") == "mtp" else 0
-
-
-def linear_layers(config: Any) -> frozenset[int]:
-    types = getattr(_text(config), "layer_types", None) or ()
-    return frozenset(i for i, kind in enumerate(types) if kind == "linear_attention")
-
-
-_SHAPES: dict[str, dict[str, int]] = {}
-
-
-def _shape_params(key: str, config: Any) -> dict[str, int]:
-    """wt.shape_params, once per config in a process (building the meta model takes seconds)."""
-    if key not in _SHAPES:
-        _SHAPES[key] = wt.shape_params(config)
-    return _SHAPES[key]
-
-
-def weight_sizes(profile: Profile, config: Any, folder: Path | None) -> tuple[dict[str, float], str]:
-    """Bytes per tensor: the checkpoint's headers when its safetensors are there, else shapes x bits."""
-    if folder is not None and (list(folder.glob("*.safetensors")) or (folder / "model.safetensors.index.json")
-                               .is_file()):
-        return {k: float(v) for k, v in wt.checkpoint_bytes(folder).items()}, f"checkpoint headers in {folder}"
-    text = _text(config)
-    params = dict(_shape_params(json.dumps(text.to_dict(), sort_keys=True, default=str), config))
-    bits = dict(profile.planner.bits) if profile.planner else {}
-    # An MTP module is one more full-attention decoder layer past the last (vLLM puts it on the last stage):
-    # counted as a copy of the last full-attention layer.
-    linear = linear_layers(config)
-    template = max(i for i in range(text.num_hidden_layers) if i not in linear)
-    for i in range(_mtp_layers(profile, text)):
-        params.update({name.replace(f"layers.{template}.", f"layers.{text.num_hidden_layers + i}."): count
-                       for name, count in params.items() if wt.layer_of(name) == template})
-    shown = ", ".join(f"{k} {v:g}" for k, v in sorted(bits.items())) or "all 16"
-    return wt.sizes_from_shapes(params, bits, linear), f"config shapes x bits per tensor class ({shown})"
-
-
-def drafter_bytes(profile: Profile, draft: Drafter | None, target: Any, pp: int, tp: int) -> float | None:
-    """The drafter's weight bytes on the last stage: planner.drafter_gib when given, else its checkpoint headers,
-    else its config's shapes x bits["drafter"] (16 unset); None when there is no drafter to size."""
-    hints = profile.planner
-    if hints is not None and hints.drafter_gib:
-        return hints.drafter_gib * GIB
-    if draft is None:
-        return None
-    if draft.folder is not None and list(draft.folder.glob("*.safetensors")):
-        return sum(wt.checkpoint_bytes(draft.folder).values()) / tp
-    bits = (hints.bits if hints else {}).get("drafter", wt.DEFAULT_BITS)
-    return wt.drafter_params(draft.config, target.hidden_size, shared_embed=pp == 1) * bits / 8 / tp
-
-
-def skipped_tensors(architecture: str, config: Any, names: list[str]) -> list[str]:
-    """Tensors vLLM does not build: GLM-5.3's shared-top-k layers have no indexer (models/deepseek_v32)."""
-    if architecture != "GlmMoeDsaForCausalLM":
-        return []
-    from rigstack.planner.kv import indexer_runs
-
-    text = _text(config)
-    return [name for name in names if ".indexer." in name and (layer := wt.layer_of(name)) is not None
-            and layer < text.num_hidden_layers and not indexer_runs(text, layer)]
-
-
-# --- the plan ---------------------------------------------------------------------------------------------------
+# --- what the request resolves to -------------------------------------------------------------------------------
 
 
 def _flag(profile: Profile, name: str, default: Any) -> Any:
@@ -282,217 +165,245 @@ def _flag(profile: Profile, name: str, default: Any) -> Any:
     return default if value is None else value
 
 
-def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
+@dataclass(frozen=True)
+class Target:
+    """A request resolved against its profile and the model's config."""
+
+    profile: Profile
+    folder: Path | None
+    config: Any
+    architecture: str
+    pp: int
+    tp: int
+    partition: list[int]
+    util: float
+    draft: Drafter | None
+    setup: KvSetup
+
+    @property
+    def text(self) -> Any:
+        return text_config(self.config)
+
+    @property
+    def cpu(self) -> bool:
+        return self.profile.flavour == "cpu"
+
+
+def _layout(request: Request, layers: int) -> tuple[int, int, list[int]]:
+    profile = request.profile
+    pp = request.pp or profile.parallel.pp
+    tp = request.tp or profile.parallel.tp
+    given = request.partition or (profile.parallel.partition if pp == profile.parallel.pp else None)
+    if given is None and pp > layers:
+        raise UserError(f"PP{pp} has more stages than the model's {layers} layers; give --pp {layers} or fewer")
+    partition = list(given or vllm_partition(layers, pp))
+    check_partition(partition, layers, pp)
+    return pp, tp, partition
+
+
+def resolve(request: Request) -> Target:
     profile = request.profile
     folder = request.model or model_dir(profile.model, build=False)
     config, architecture = load_config(profile, folder)
-    text = _text(config)
-    pp = request.pp or profile.parallel.pp
-    tp = request.tp or profile.parallel.tp
-    layers = text.num_hidden_layers
-    partition = list(request.partition or (profile.parallel.partition if pp == profile.parallel.pp else None)
-                     or vllm_partition(layers, pp))
-    check_partition(partition, layers, pp)
+    text = text_config(config)
+    pp, tp, partition = _layout(request, text.num_hidden_layers)
     util = request.util if request.util is not None else float(_flag(profile, "gpu-memory-utilization", DEFAULT_UTIL))
     if not 0 < util <= 1:
         raise UserError(f"--util {util:g} is outside (0, 1]; vLLM takes gpu-memory-utilization as a fraction")
-    max_len = request.max_model_len or int(_flag(profile, "max-model-len", getattr(text, "max_position_embeddings",
-                                                                                     0)))
-    seqs = request.max_num_seqs or int(_flag(profile, "max-num-seqs", 256))
-    batched = int(_flag(profile, "max-num-batched-tokens", DEFAULT_BATCHED_TOKENS))
-    spec = profile.speculative or {}
-    cpu = profile.flavour == "cpu"
     draft = load_drafter_config(profile)
-    from rigstack.planner.kv import (  # vLLM: late
-        KvSetup, drafter_own_bytes, indexer_logits_bytes, size_pool, sparse_workspace_bytes)
-    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+    from rigstack.planner.kv import KvSetup  # vLLM: late
 
-    from rigstack.planner import scratch
-
+    spec, cpu = profile.speculative or {}, profile.flavour == "cpu"
     setup = KvSetup(
-        architecture=architecture, max_model_len=max_len, max_num_seqs=seqs, max_num_batched_tokens=batched,
+        architecture=architecture,
+        max_model_len=request.max_model_len or int(_flag(profile, "max-model-len",
+                                                          getattr(text, "max_position_embeddings", 0))),
+        max_num_seqs=request.max_num_seqs or int(_flag(profile, "max-num-seqs", 256)),
+        max_num_batched_tokens=int(_flag(profile, "max-num-batched-tokens", DEFAULT_BATCHED_TOKENS)),
         block_size=profile.vllm.get("block-size") or (CPU_BLOCK_SIZE if cpu else None),
         kv_cache_dtype=str(_flag(profile, "kv-cache-dtype", "auto")),
         model_dtype=str(_flag(profile, "dtype", "bfloat16")).replace("auto", "bfloat16"), tp=tp, pp=pp,
         num_speculative_tokens=int(spec.get("num_speculative_tokens", 0)), speculative_method=spec.get("method"),
         enable_prefix_caching=bool(_flag(profile, "enable-prefix-caching", False)),
         kernel_block_sizes=tuple(profile.planner.kernel_block_sizes) if profile.planner else (16,), cpu=cpu,
-        mtp_layers=_mtp_layers(profile, text), drafter=draft.config if draft else None,
+        mtp_layers=mtp_layers(profile, text), drafter=draft.config if draft else None,
         drafter_kv_cache_dtype=spec.get("kv_cache_dtype"), model_runner_v2=not cpu,
         # VllmConfig._set_async_scheduling's default for these configs: on, except PP on the V1 runner (CPU twin).
         async_scheduling=bool(_flag(profile, "async-scheduling", pp == 1 or not cpu)),
-        kv_cache_layout=profile.env.get("VLLM_KV_CACHE_LAYOUT"))
-    bounds = bounds_of(partition)
-    notes: list[str] = []
-    host = [0.0] * pp  # pinned host RAM per stage for offloaded experts
-    if cpu:
-        space = request.kv_space_gib if request.kv_space_gib is not None else profile.env.get("VLLM_CPU_KVCACHE_SPACE")
-        if space is None:
-            raise UserError(f"profile {profile.name}: a cpu profile needs VLLM_CPU_KVCACHE_SPACE in env (GiB)")
-        # cpu_worker.determine_available_memory: the KV space is taken as given, as whole GiB.
-        available = [int(float(space)) * GIB] * pp
-        per_stage: list[dict[str, float]] = [{} for _ in bounds]
-        reserves = [0.0] * pp
-        source = f"VLLM_CPU_KVCACHE_SPACE={space} GiB per stage (cpu_worker takes it as the KV budget)"
-        memory = None
-    else:
-        memory = profile.hardware.memory_gib
-        if not memory:
-            raise UserError(f"profile {profile.name}: hardware.memory_gib is not set; give the card's memory in GiB")
-        sizes, source = weight_sizes(profile, config, folder)
-        skip = skipped_tensors(architecture, config, list(sizes))
-        per_stage = wt.stage_bytes(sizes, bounds, skip, tp, linear_layers(config))
-        drafter = drafter_bytes(profile, draft, text, pp, tp)
-        if spec and spec.get("method") not in (None, "mtp") and drafter is None:
-            notes.append(f"drafter ({spec.get('method')}) weights and KV not modelled: no drafter config.json, "
-                         "planner.drafter_config or planner.drafter_gib")
-        if drafter:
-            per_stage[-1]["drafter"] = drafter
-        skipped = set(skip)
-        experts = offload_split(profile, {k: v for k, v in sizes.items() if k not in skipped}, bounds, tp,
-                                int(getattr(text, "n_routed_experts", 0) or 0))
-        offload = 0.0
-        if experts is not None:  # patch 0014: each MoE layer's cache and staging slots stay on the GPU
-            for cls, part in zip(per_stage, experts):
-                if part.moe_layers:
-                    cls["routed_experts"] = part.gpu_bytes
-            host = [part.host_bytes / GIB for part in experts]
-            part = experts[0]
-            notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached + {part.staging_per_layer} "
-                         f"staging slots of {part.expert_mib:.1f} MiB a layer on the GPU, all "
-                         f"{sum(host):.1f} GiB of routed experts pinned in host RAM")
-        elif profile.offload:  # stock --cpu-offload-gb: whole layers' weights leave the GPU
-            offload = profile.offload.host_gib * GIB / pp
-            host = [profile.offload.host_gib / pp] * pp
-            notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
-        hints = profile.planner.bits if profile.planner else {}
-        moe_class = scratch.experts_class((profile.vllm.get("kernel-config") or {}).get("moe_backend"),
-                                        hints.get("routed_experts", wt.DEFAULT_BITS))
-        dtype = STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
-        workspace = max(scratch.moe_workspace_bytes(moe_class, batched, text, tp, dtype),
-                        sparse_workspace_bytes(setup, config, profile.vllm.get("attention-backend")))
-        transient = indexer_logits_bytes(setup, config)
-        reserves = [reserve.gib(workspace, transient + scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
-                    for i in range(pp)]
-        requested = math.ceil(memory * GIB * util)  # v1/worker/utils.py: ceil(total x util)
-        available = [max(0, int(requested - (sum(cls.values()) - offload) - r * GIB))
-                     for cls, r in zip(per_stage, reserves)]
-    if setup.drafter is not None and request.drafter_kv == "pool":
-        notes.append(f"DFlash drafter KV in the pool: {setup.drafter.num_hidden_layers} layers on the last stage, "
-                     f"config from {draft.source}")
-    if request.drafter_kv == "own" and setup.drafter is not None:
-        own = drafter_own_bytes(setup, config, bounds[-1][1])
-        if not cpu:
-            reserves[-1] += own / GIB
-            available[-1] = max(0, available[-1] - own)
-        notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the seeds' "
-                     "engines hold it; vLLM 0.32.0 puts it in the pool")
-        setup = replace(setup, drafter=None)
-    host_ram = None if cpu else profile.hardware.host_ram_gib
-    host_fits = host_ram is None or sum(host) <= host_ram
-    if request.drafter_kv == "sidecar" and setup.drafter is not None:
-        setup = replace(setup, sidecar_block_size=int(profile.env.get(SIDECAR_ENV, 16)))
-        notes.append(f"drafter KV as sidecar ids of {setup.sidecar_block_size} tokens drawn from the pool, one pool "
-                     "block each, as seed 002's engine holds it; vLLM 0.32.0 groups the drafter's layers itself")
-    kv = size_pool(setup, config, bounds, available)
+        env=tuple(sorted(profile.env.items())))
+    return Target(profile, folder, config, architecture, pp, tp, partition, util, draft, setup)
+
+
+# --- each stage's budget ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Budget:
+    """Per stage: weights on the card by class (bytes), reserve (GiB), KV budget (bytes), pinned host RAM (GiB)."""
+
+    weights: list[dict[str, float]]
+    reserves: list[float]
+    available: list[int]
+    host: list[float]
+    source: str
+    budget_gib: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _cpu_budget(target: Target, request: Request) -> Budget:
+    profile = target.profile
+    space = request.kv_space_gib if request.kv_space_gib is not None else profile.env.get("VLLM_CPU_KVCACHE_SPACE")
+    if space is None:
+        raise UserError(f"profile {profile.name}: a cpu profile needs VLLM_CPU_KVCACHE_SPACE in env (GiB)")
+    # cpu_worker.determine_available_memory: the KV space is taken as given, as whole GiB.
+    pp = target.pp
+    return Budget([{} for _ in range(pp)], [0.0] * pp, [int(float(space)) * GIB] * pp, [0.0] * pp,
+                  f"VLLM_CPU_KVCACHE_SPACE={space} GiB per stage (cpu_worker takes it as the KV budget)",
+                  float(int(float(space))))
+
+
+def _offload(target: Target, loaded: dict[str, float], budget: Budget) -> None:
+    """Patch 0014's hot-set offload (each MoE layer's cache and staging slots stay on the card, every routed expert
+    is pinned in host RAM), or stock --cpu-offload-gb (whole layers' weights leave the card, spread over stages)."""
+    profile, bounds = target.profile, bounds_of(target.partition)
+    experts = offload_split(profile, loaded, bounds, target.tp, int(getattr(target.text, "n_routed_experts", 0) or 0))
+    if experts is not None:
+        for cls, part in zip(budget.weights, experts):
+            if part.moe_layers:
+                cls["routed_experts"] = part.gpu_bytes
+        budget.host = [part.host_bytes / GIB for part in experts]
+        part = experts[0]
+        budget.notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached + "
+                            f"{part.staging_per_layer} staging slots of {part.expert_mib:.1f} MiB a layer on the GPU, "
+                            f"all {sum(budget.host):.1f} GiB of routed experts pinned in host RAM")
+    elif profile.offload:
+        share = profile.offload.host_gib / target.pp
+        for cls in budget.weights:
+            cls["offloaded"] = -share * GIB
+        budget.host = [share] * target.pp
+        budget.notes.append(f"{profile.offload.host_gib:g} GiB of experts offloaded to host RAM, spread over stages")
+
+
+def _reserves(target: Target, reserve: Reserve) -> list[float]:
+    from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+
+    from rigstack.planner import scratch
+    from rigstack.planner.kv import rig_env
+
+    profile, setup, text, pp = target.profile, target.setup, target.text, target.pp
+    bits = profile.planner.bits if profile.planner else {}
+    moe_class = scratch.experts_class((profile.vllm.get("kernel-config") or {}).get("moe_backend"),
+                                      bits.get("routed_experts", wt.DEFAULT_BITS))
+    dtype = STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype]
+    batched, seqs = setup.max_num_batched_tokens, setup.max_num_seqs
+    workspace = max(scratch.moe_workspace_bytes(moe_class, batched, text, target.tp, dtype),
+                    scratch.sparse_workspace_bytes(setup, target.config, profile.vllm.get("attention-backend")))
+    with rig_env(setup):
+        transient = scratch.indexer_logits_bytes(setup, target.config)
+    return [reserve.gib(workspace, transient + scratch.runner_buffer_bytes(i, pp, batched, seqs, text, dtype))
+            for i in range(pp)]
+
+
+def _gpu_budget(target: Target, reserve: Reserve) -> Budget:
+    profile = target.profile
+    memory = profile.hardware.memory_gib
+    if not memory:
+        raise UserError(f"profile {profile.name}: hardware.memory_gib is not set; give the card's memory in GiB")
+    sizes = target_sizes(profile, target.config, target.architecture, target.folder)
+    weights = wt.stage_bytes(sizes.loaded, bounds_of(target.partition), (), target.tp, linear_layers(target.config))
+    budget = Budget(weights, _reserves(target, reserve), [], [0.0] * target.pp, sizes.source, memory * target.util)
+    drafter = drafter_bytes(profile, target.draft, target.text.hidden_size, target.pp, target.tp)
+    method = (profile.speculative or {}).get("method")
+    if method not in (None, "mtp") and drafter is None:
+        budget.notes.append(f"drafter ({method}) weights and KV not modelled: no drafter config.json, "
+                            "planner.drafter_config or planner.drafter_gib")
+    if drafter:
+        weights[-1]["drafter"] = drafter
+    _offload(target, sizes.loaded, budget)
+    requested = math.ceil(memory * GIB * target.util)  # v1/worker/utils.py: ceil(total x util)
+    budget.available = [max(0, int(requested - sum(cls.values()) - r * GIB))
+                        for cls, r in zip(weights, budget.reserves)]
+    return budget
+
+
+def _drafter_accounting(request: Request, target: Target, budget: Budget) -> KvSetup:
+    """The KvSetup vLLM's sizing gets for the request's drafter_kv (see Request), with its note."""
+    from rigstack.planner.kv import drafter_own_bytes
+
+    setup, draft = target.setup, target.draft
+    if setup.drafter is None or draft is None:
+        return setup
+    if request.drafter_kv == "pool":
+        budget.notes.append(f"DFlash drafter KV in the pool: {setup.drafter.num_hidden_layers} layers on the last "
+                            f"stage, config from {draft.source}")
+        return setup
+    if request.drafter_kv == "own":
+        own = drafter_own_bytes(setup, target.config, bounds_of(target.partition)[-1][1])
+        if not target.cpu:
+            budget.reserves[-1] += own / GIB
+            budget.available[-1] = max(0, budget.available[-1] - own)
+        budget.notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the "
+                            "seeds' engines hold it; vLLM 0.32.0 puts it in the pool")
+        return replace(setup, drafter=None)
+    sidecar = replace(setup, sidecar_block_size=int(target.profile.env.get(SIDECAR_ENV, 16)))
+    budget.notes.append(f"drafter KV as sidecar ids of {sidecar.sidecar_block_size} tokens drawn from the pool, one "
+                        "pool block each, as seed 002's engine holds it; vLLM 0.32.0 groups the drafter's layers "
+                        "itself")
+    return sidecar
+
+
+# --- the plan ---------------------------------------------------------------------------------------------------
+
+
+def _stages(target: Target, budget: Budget, kv: KvResult) -> list[Stage]:
     stages = []
-    for i, (first, end) in enumerate(bounds):
+    for i, (first, end) in enumerate(bounds_of(target.partition)):
         per_block = kv.bytes_per_block[i]
         stages.append(Stage(
             index=i, first_layer=first, layers=end - first,
-            weights_gib=sum(per_stage[i].values()) / GIB,
-            weights_by_class={k: v / GIB for k, v in per_stage[i].items()},
-            reserve_gib=reserves[i], available_gib=available[i] / GIB,
-            kv_gib=kv.pool_blocks * per_block / GIB, blocks=kv.num_blocks[i], bytes_per_block=per_block,
+            weights_gib=sum(budget.weights[i].values()) / GIB,
+            weights_by_class={k: v / GIB for k, v in budget.weights[i].items()},
+            reserve_gib=budget.reserves[i], available_gib=budget.available[i] / GIB, bytes_per_block=per_block,
+            blocks=kv.num_blocks[i],
             tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0,
-            host_gib=host[i]))
-    binding = min(range(pp), key=lambda i: kv.num_blocks[i])
-    backend = None
-    if not cpu and profile.hardware.compute_capability and architecture in ("GlmMoeDsaForCausalLM",
-                                                                            "Glm5NextForCausalLM"):
-        from rigstack.planner.backend import select
+            pool_gib=kv.pool_blocks * per_block / GIB, request_gib=kv.needed[i] / GIB, holds_one=i not in kv.short,
+            own_pool_gib=kv.own_pool[i] / GIB, host_gib=budget.host[i]))
+    return stages
 
-        backend = select(profile.hardware.compute_capability, text.kv_lora_rank + text.qk_rope_head_dim,
-                         setup.kv_cache_dtype, kv.block_size, text.num_attention_heads // tp, True, True)
+
+def _backend(target: Target, block_size: int) -> dict[str, Any] | None:
+    hardware, text = target.profile.hardware, target.text
+    if target.cpu or not hardware.compute_capability or target.architecture not in ("GlmMoeDsaForCausalLM",
+                                                                                   "Glm5NextForCausalLM"):
+        return None
+    from rigstack.planner.backend import select
+
+    return select(hardware.compute_capability, text.kv_lora_rank + text.qk_rope_head_dim,
+                  target.setup.kv_cache_dtype, block_size, text.num_attention_heads // target.tp, True, True)
+
+
+def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
+    from rigstack.planner.kv import size_pool  # vLLM: late
+
+    target = resolve(request)
+    profile = target.profile
+    budget = _cpu_budget(target, request) if target.cpu else _gpu_budget(target, reserve)
+    setup = _drafter_accounting(request, target, budget)
+    kv = size_pool(setup, target.config, bounds_of(target.partition), budget.available)
+    host_ram = None if target.cpu else profile.hardware.host_ram_gib
+    host_fits = host_ram is None or sum(budget.host) <= host_ram
+    refusal, refusal_stage = kv.refusal, kv.refusal_stage
+    if not host_fits:
+        refusal, refusal_stage = (f"host RAM: the offloaded experts take {sum(budget.host):.1f} GiB pinned, the rig "
+                                  f"has {host_ram:g} GiB (hardware.host_ram_gib)"), None
     return Plan(
-        profile=profile.name, architecture=architecture, flavour=profile.flavour, pp=pp, tp=tp, partition=partition,
-        util=None if cpu else util, memory_gib=memory, max_model_len=max_len, max_num_seqs=seqs,
-        kv_cache_dtype=setup.kv_cache_dtype, block_size=kv.block_size, groups=kv.groups, stages=stages,
-        pool_blocks=kv.pool_blocks, pool_tokens=kv.pool_tokens, binding_stage=binding,
-        sessions=kv.concurrency, starts=kv.starts and host_fits, weights_source=source, notes=notes,
-        refusal=kv.refusal if host_fits else (f"host RAM: the offloaded experts take {sum(host):.1f} GiB pinned, "
-                                              f"the rig has {host_ram:g} GiB (hardware.host_ram_gib)"),
-        attention_backend=backend, host_gib=sum(host), host_ram_gib=host_ram, host_fits=host_fits)
-
-
-def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,
-             util: float | None = None, max_model_len: int | None = None, max_num_seqs: int | None = None,
-             model: str | Path | None = None, kv_space_gib: float | None = None,
-             search_partition: bool = False) -> dict[str, Any]:
-    """plan() for a profile name or path, with the command line's overrides, as JSON-ready data; with
-    search_partition, the searched partition's plan, with "search" comparing it to the given one."""
-    from rigstack.profiles import load_profile
-
-    if isinstance(partition, str):
-        try:
-            partition = [int(part) for part in partition.split(",")]
-        except ValueError:
-            raise UserError(f"--partition {partition!r}: give layer counts separated by commas, like 11,10,10") \
-                from None
-    request = Request(load_profile(profile), pp=pp, tp=tp, partition=tuple(partition) if partition else None,
-                      util=util, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                      model=Path(model) if model else None, kv_space_gib=kv_space_gib)
-    given = plan(request)
-    result = given.to_json()
-    if search_partition:
-        found = search(request)
-        result = found.to_json()
-        result["search"] = {"given_partition": given.partition,
-                            "given_pool_tokens": given.pool_tokens, "found_partition": found.partition,
-                            "found_pool_tokens": found.pool_tokens}
-    result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
-    return result
-
-
-def target_sessions(profile: Profile, max_num_seqs: int) -> float:
-    hints = profile.planner
-    return hints.target_sessions if hints and hints.target_sessions else float(max_num_seqs)
-
-
-def search(request: Request, reserve: Reserve = RESERVE) -> Plan:
-    """The partition that maximises the pool for the request's PP size. One plan with a stage per layer gives each
-    layer's weight bytes and KV bytes per block (the block pool's bytes add up over a stage's layers); the largest
-    block count every stage can reach is then found by bisection, each stage taking as many layers as still reach
-    it (optimal for a bottleneck over contiguous ranges, since a stage's blocks only fall as it grows), and the
-    result is planned in full. The stack asks nothing of stage boundaries beyond one layer per stage (the DFlash2
-    aux relay, patch 0006, captures an aux layer on either side of a boundary)."""
-    probe = plan(request, reserve)
-    layers, pp = sum(probe.partition), probe.pp
-    singles = plan(replace(request, pp=layers, partition=(1,) * layers), reserve).stages
-    budget = singles[0].available_gib + singles[0].weights_gib  # GiB for weights and KV, the reserve taken off
-    weight = [0.0, *accumulate(stage.weights_gib for stage in singles)]
-    page = [0, *accumulate(stage.bytes_per_block for stage in singles)]
-
-    def blocks(first: int, end: int) -> int:
-        return max(0, int((budget - weight[end] + weight[first]) * GIB)) // (page[end] - page[first])
-
-    def split(target: int) -> list[int] | None:
-        parts, first = [], 0
-        for stage in range(pp):
-            end = first + 1
-            if stage == pp - 1:
-                end = layers
-            else:
-                while end < layers - (pp - 1 - stage) and blocks(first, end + 1) >= target:
-                    end += 1
-            if blocks(first, end) < target:
-                return None
-            parts.append(end - first)
-            first = end
-        return parts
-
-    low, high = 0, max(stage.blocks for stage in singles)
-    while low < high:
-        middle = (low + high + 1) // 2
-        low, high = (middle, high) if split(middle) else (low, middle - 1)
-    return plan(replace(request, partition=tuple(split(low) or probe.partition)), reserve)
+        profile=profile.name, architecture=target.architecture, flavour=profile.flavour, pp=target.pp, tp=target.tp,
+        partition=target.partition, util=None if target.cpu else target.util,
+        memory_gib=None if target.cpu else profile.hardware.memory_gib, budget_gib=budget.budget_gib,
+        max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs, kv_cache_dtype=setup.kv_cache_dtype,
+        block_size=kv.block_size, groups=kv.groups, stages=_stages(target, budget, kv), pool_blocks=kv.pool_blocks,
+        pool_tokens=kv.pool_tokens, binding_stage=min(range(target.pp), key=kv.num_blocks.__getitem__),
+        sessions=kv.concurrency, starts=kv.starts and host_fits, refusal=refusal, refusal_stage=refusal_stage,
+        short_stages=kv.short, weights_source=budget.source, notes=budget.notes,
+        attention_backend=_backend(target, kv.block_size), host_gib=sum(budget.host), host_ram_gib=host_ram,
+        host_fits=host_fits)

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
-from vllm.utils.math_utils import cdiv, next_power_of_2, round_up
+from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
 from vllm.v1.core import kv_cache_utils as kvu
@@ -39,6 +39,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from rigstack.errors import UserError
+from rigstack.planner.config import text_config
 
 # MLAAttention.get_kv_cache_spec (model_executor/layers/attention/mla_attention.py): packed per-token blobs.
 _PACKED_MLA_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
@@ -74,7 +75,9 @@ class KvSetup:
     # With async_scheduling it sets max_concurrent_batches, which sizes a sliding window's in-flight blocks.
     model_runner_v2: bool = True
     async_scheduling: bool = True
-    kv_cache_layout: str | None = None  # the profile's VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout reads it)
+    # The profile's env, which vLLM's sizing functions read while they run here (rig_env): VLLM_KV_CACHE_LAYOUT
+    # (resolve_kv_cache_layout), VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (the indexer's logits sentinel), a patch's switch.
+    env: tuple[tuple[str, str], ...] = ()
     # Seed 002's engine (its patch 0024, VLLM_GLM5N_SIDECAR_BLOCK_SIZE): the drafter's layers are a "sidecar" group
     # of this block size whose ids come from the target's shared pool, one pool block each ("each costs a full MLA
     # page on every rank"); None: the drafter's layers are grouped by vLLM 0.32.0's own get_kv_cache_groups.
@@ -110,13 +113,9 @@ def _speculative(setup: KvSetup) -> SpeculativeConfig | None:
     return spec
 
 
-def _text(config: Any) -> Any:
-    return getattr(config, "text_config", None) or config
-
-
 def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = None) -> VllmConfig:
     """A VllmConfig built without its __post_init__ (which inspects the model class and the platform)."""
-    text = _text(hf_config) if hf_config is not None else None
+    text = text_config(hf_config) if hf_config is not None else None
     cache = CacheConfig(block_size=setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE,
                         cache_dtype=setup.kv_cache_dtype, enable_prefix_caching=setup.enable_prefix_caching)
     if layout is not None:
@@ -201,6 +200,14 @@ def _dsa_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KV
         if runs:
             specs[f"model.layers.{i}.self_attn.indexer.k_cache"] = _indexer_spec(text, block)
     return specs
+
+
+def _mla_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
+    """DeepseekV2/V3ForCausalLM (models/deepseek_v2.py) without the V3.2 indexer: the MLA latent + RoPE cache on
+    every layer (MLAAttention.get_kv_cache_spec; the tiny MLA target of rigstack.tinydflash)."""
+    block = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
+    return {f"model.layers.{i}.self_attn.attn": _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, block,
+                                                          False) for i in range(first, last)}
 
 
 def _is_kda(text: Any, layer: int) -> bool:
@@ -314,11 +321,15 @@ def drafter_own_bytes(setup: KvSetup, hf_config: Any, first_layer: int) -> int:
 
 @contextmanager
 def rig_env(setup: KvSetup) -> Iterator[None]:
-    """The rig's values of the env vars vLLM's KV functions read, while they run here: VLLM_USE_V2_MODEL_RUNNER
-    (VllmConfig.use_v2_model_runner; the CPU twin, without Triton, would answer False for a GPU rig) and
-    VLLM_KV_CACHE_LAYOUT (resolve_kv_cache_layout)."""
-    wanted = {"VLLM_USE_V2_MODEL_RUNNER": "1" if setup.model_runner_v2 else "0",
-              "VLLM_KV_CACHE_LAYOUT": setup.kv_cache_layout}
+    """The rig's values of the env vars vLLM's KV functions read, while they run here: the profile's env, and
+    VLLM_USE_V2_MODEL_RUNNER (VllmConfig.use_v2_model_runner; the CPU twin, without Triton, would answer False for
+    a GPU rig). A variable the profile does not set is unset, so this interpreter's own values do not leak in."""
+    profile = dict(setup.env)
+    # The variables vLLM's sizing reads (patches 0016/0017's VLLM_SWA_OWN_POOL among them), set or not by the rig.
+    names = {"VLLM_USE_V2_MODEL_RUNNER", "VLLM_KV_CACHE_LAYOUT", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB",
+             "VLLM_SWA_OWN_POOL", *profile}
+    wanted = {name: profile.get(name) for name in names}
+    wanted["VLLM_USE_V2_MODEL_RUNNER"] = "1" if setup.model_runner_v2 else "0"
     before = {name: os.environ.get(name) for name in wanted}
     try:
         for name, value in wanted.items():
@@ -365,12 +376,13 @@ SPEC_BUILDERS = {
     "LlamaForCausalLM": _dense_specs, "Qwen2ForCausalLM": _dense_specs, "Qwen3ForCausalLM": _dense_specs,
     "Qwen3MoeForCausalLM": _dense_specs, "MistralForCausalLM": _dense_specs,
     "GlmMoeDsaForCausalLM": _dsa_specs, "Glm5NextForCausalLM": _flash_specs,
+    "DeepseekV2ForCausalLM": _mla_specs, "DeepseekV3ForCausalLM": _mla_specs,
 }
 
 
 def block_size_for(setup: KvSetup, hf_config: Any) -> int:
     if setup.architecture == "Glm5NextForCausalLM":
-        return align_hybrid_block(setup, _text(hf_config))[0]
+        return align_hybrid_block(setup, text_config(hf_config))[0]
     return setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
 
 
@@ -382,73 +394,12 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     # MTP layers sit past the last decoder layer, on the last stage (their indexer always runs).
     stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
               for i, (first, last) in enumerate(bounds)]
-    specs = [builder(setup, _text(hf_config), first, last) for first, last in stages]
+    specs = [builder(setup, text_config(hf_config), first, last) for first, last in stages]
     # The drafter is built on the last rank (patch 0006's relay feeds it there); a sidecar drafter is no part of
     # the target's groups (sidecar_group).
     if setup.drafter is not None and not setup.sidecar_block_size:
         specs[-1].update(drafter_specs(setup, bounds[-1][1], setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE))
     return specs
-
-
-# The sparse-MLA backends that reserve no prefill gather workspace: TRITON_MLA_SPARSE (patch 0009; its impl is the
-# XPU one, which keeps no workspace), the only sparse backend below SM90 (platforms/cuda.py's priorities).
-_NO_GATHER_BACKENDS = ("TRITON_MLA_SPARSE",)
-
-
-def _dsa(setup: KvSetup) -> bool:
-    return setup.architecture in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM")
-
-
-def _sparse_config(setup: KvSetup, hf_config: Any) -> VllmConfig:
-    config = vllm_config(setup, hf_config)
-    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
-    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
-    return config
-
-
-def _kpool(setup: KvSetup, text: Any) -> int:
-    return getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
-
-
-def sparse_workspace_bytes(setup: KvSetup, hf_config: Any, backend: str | None = None) -> int:
-    """The sparse-MLA scratch a DSA model reserves in vLLM's shared WorkspaceManager during the profile run, sized
-    by vLLM's own functions: the indexer's K-gather workspace (sparse_attn_indexer's profile branch:
-    _gather_workspace_shapes over max_total_seq_len = get_max_prefill_buffer_size, divided by index_kpool on
-    GLM-5.3-Flash, plus the radix top-k scratch), and, unless `backend` reserves none (TRITON_MLA_SPARSE), the
-    MLA prefill gather workspace (FlashMLASparseImpl's get_prefill_workspace_size rows of the bf16 latent). They
-    scale with max-model-len."""
-    if not _dsa(setup):
-        return 0
-    from vllm.model_executor.layers.indexer_topk import RADIX_TOPK_WORKSPACE_SIZE
-    from vllm.model_executor.layers.sparse_attn_indexer import _gather_workspace_shapes
-    from vllm.platforms import current_platform
-    from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
-    from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
-
-    text = _text(hf_config)
-    config = _sparse_config(setup, hf_config)
-    rows = get_max_prefill_buffer_size(config) // _kpool(setup, text)
-    values, scales = _gather_workspace_shapes(rows, text.index_head_dim, current_platform.fp8_dtype(), False)
-    specs = [values, scales, ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8)]
-    if backend not in _NO_GATHER_BACKENDS:
-        specs.append(((get_prefill_workspace_size(config), text.kv_lora_rank + text.qk_rope_head_dim), torch.bfloat16))
-    # WorkspaceManager.get_simultaneous: one allocation, each view rounded up to 256 bytes.
-    return sum(round_up(math.prod(shape) * dtype.itemsize, 256) for shape, dtype in specs)
-
-
-def indexer_logits_bytes(setup: KvSetup, hf_config: Any) -> int:
-    """The indexer's logits sentinel in the profile run, a plain allocation beside the shared workspace (so added to
-    it): VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and on GLM-5.3-Flash's pooled indexer at least the worst decode logits,
-    min(max-num-seqs x (1 + draft), max-num-batched-tokens) x max_model_len / index_kpool x 4 bytes."""
-    if not _dsa(setup):
-        return 0
-    import vllm.envs as envs
-
-    cap = envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024
-    if setup.architecture != "Glm5NextForCausalLM":
-        return cap
-    tokens = min(setup.max_num_seqs * (setup.num_speculative_tokens + 1), setup.max_num_batched_tokens)
-    return max(cap, tokens * (setup.max_model_len // _kpool(setup, _text(hf_config))) * 4)
 
 
 def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
@@ -467,22 +418,40 @@ def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
 class KvResult:
     block_size: int
     groups: list[str]
-    num_blocks: list[int]  # per stage, before the minimum over stages
+    num_blocks: list[int]  # per stage, what its KV budget alone holds (before the minimum over stages)
     bytes_per_block: list[int]
+    needed: list[int]  # per stage, the bytes one max-model-len request takes there (vLLM's check's figure)
+    own_pool: list[int]  # per stage, the bytes of its groups' pools of their own (patch 0016's VLLM_SWA_OWN_POOL)
+    short: list[int]  # the stages whose own check fails, in vLLM's order
     pool_blocks: int
     pool_tokens: int  # vLLM's logged "KV cache size: N tokens" (get_kv_cache_capacity)
     concurrency: float  # requests of max_model_len that fit
     starts: bool
     refusal: str | None  # vLLM's own error text when it would not start
+    refusal_stage: int | None  # the stage that text is about: the first whose check fails
 
 
 def size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
     """get_kv_cache_configs over the stages' specs and their available bytes, as EngineCore._initialize_kv_caches
-    calls it; its ValueError (the _check_enough_kv_cache_memory refusal) is caught and returned. The pool is
-    worked out either way, with the same functions get_kv_cache_configs calls after its check (per-stage configs
-    from the projected groups, then the minimum over stages), so a refused plan still shows what it lacks."""
+    calls it; its ValueError (the _check_enough_kv_cache_memory refusal) is caught and returned with the stage it
+    is about. The pool is worked out either way, with the same functions get_kv_cache_configs calls after its
+    check (per-stage configs from the projected groups, then the minimum over stages), so a refused plan still
+    shows what it lacks."""
     with rig_env(setup):
         return _size_pool(setup, hf_config, bounds, available)
+
+
+def _stage_checks(config: VllmConfig, projected: list[list[KVCacheGroupSpec]],
+                  available: list[int]) -> tuple[list[int], list[int]]:
+    """Each stage's share of vLLM's per-worker check (get_kv_cache_configs): one max-model-len request's bytes
+    against the budget less the null block; the stages that fail it, in the order vLLM checks them."""
+    needed, short = [], []
+    for stage, (groups, avail) in enumerate(zip(projected, available)):
+        need = kvu._max_memory_usage_bytes_from_groups(config, groups) if groups else 0
+        needed.append(need)
+        if groups and (avail <= 0 or need > avail - kvu._pool_bytes_per_block(config, groups)):
+            short.append(stage)
+    return needed, short
 
 
 def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
@@ -494,13 +463,19 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
     groups = kvu.get_kv_cache_groups(config, dict(merged))
     projected = [kvu._project_kv_cache_groups_to_worker(groups, stage) for stage in specs]
     per_block = [kvu._pool_bytes_per_block(config, g) if g else 0 for g in projected]
-    blocks = [avail // b if b else 0 for avail, b in zip(available, per_block)]
+    # vLLM's own per-stage config: its blocks are what is left after a pool of the stage's own (patch 0016).
+    blocks = [kvu.get_kv_cache_config_from_groups(config, g, avail).num_blocks if b else 0
+              for g, avail, b in zip(projected, available, per_block)]
+    needed, short = _stage_checks(config, projected, available)
+    own_bytes = getattr(kvu, "own_pool_bytes", None)  # patch 0016's; a package without it has no own pools
+    own = [own_bytes(g) if own_bytes and g else 0 for g in projected]
     names = [f"{type(g.kv_cache_spec).__name__} x{len(g.layer_names)}" for g in groups]
-    refusal = None
+    refusal, refusal_stage = None, None
     try:
         configs = kvu.get_kv_cache_configs(config, specs, available)
     except ValueError as error:
         refusal = str(error).splitlines()[0]
+        refusal_stage = short[0] if short else min(range(len(blocks)), key=blocks.__getitem__)
         # What the engine would have had: the binding stage's own config (all stages then take its block count).
         binding = min(range(len(blocks)), key=blocks.__getitem__)
         configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
@@ -515,5 +490,6 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
     if sidecar is not None and refusal is None and concurrency < 1:  # no room for one request with its sidecar ids
         refusal = (f"{scheduler.num_blocks} blocks hold {concurrency:.2f} requests of {setup.max_model_len} tokens "
                    "with the drafter's sidecar ids")
-    return KvResult(block, names, blocks, per_block, scheduler.num_blocks, tokens, concurrency, refusal is None,
-                    refusal)
+        refusal_stage = min(range(len(blocks)), key=blocks.__getitem__)
+    return KvResult(block, names, blocks, per_block, needed, own, short, scheduler.num_blocks, tokens, concurrency,
+                    refusal is None, refusal, refusal_stage)

@@ -1,4 +1,4 @@
-"""The seeds' published KV pools against the planner: `python -m rigstack.planner.published [--fit]` (serving
+"""The seeds' published KV pools against the planner: `python -m rigstack plan-published [--fit]` (serving
 interpreter) prints the README's table; --fit refits the two constants on the cases marked fit (fixed_gib on seed
 003 PP8, seed 001's utilisation on its first row); every other row is a prediction.
 
@@ -8,16 +8,11 @@ profile, as `extends:` would).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
-import typer
-
-from rigstack.cli import run
-from rigstack.errors import UserError
 from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
-from rigstack.profiles import Profile, _merge, load_profile
+from rigstack.profiles import Profile, load_profile, merge
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
 # projections in BF16 (models/glm5next: "fp8 checkpoints omit their scales", "MLA projections are BF16").
@@ -28,13 +23,16 @@ _EXL3_BITS = 8 * 23 / 39
 
 
 # Seed 001 publishes no gpu-memory-utilization: fitted on its first row (--fit), the other four rows predicted.
-_SEED001_UTIL = 0.958
-_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None, "gpu-memory-utilization": _SEED001_UTIL},
-             "planner": {"bits": _FP8}}
+SEED001_UTIL = 0.958
+# The seed's checkpoints are not the profile's NVFP4 one, whose size_gib would otherwise size them.
+_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None, "gpu-memory-utilization": SEED001_UTIL},
+             "planner": {"bits": _FP8}, "model": {"size_gib": None}}
 _MTP = {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}}
 # Seed 002's engine (its patch 0024) drew the drafter's sidecar ids from the pool at 256-token blocks; its logged
 # pool (6.62M, "about 6.3 concurrent 1M requests") is vLLM's get_kv_cache_capacity over core and sidecar ids.
 _SIDECAR = {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}}
+# Seed 003's engine reserved vLLM's default indexer logits sentinel (its profile halves it to start PP8 on the pin).
+_SEED003 = {"env": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "512"}}
 
 
 @dataclass(frozen=True)
@@ -44,36 +42,52 @@ class Case:
     changes: dict[str, Any]
     published: int
     approximate: bool = False  # the seed says "about"
-    fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": _SEED001_UTIL fitted on it
+    fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": SEED001_UTIL fitted on it
     # "own" / "sidecar": the seed's engine held the drafter's KV apart from the pool, or as sidecar ids in it, so
     # the comparable plan does too (the pin's own figure, drafter KV grouped by vLLM 0.32.0, is shown beside it).
     drafter_kv: DrafterKv = "pool"
     compared: str = ""  # what the published figure is, when it is not the seed's logged pool
+    shipped: bool = False  # the case is the configuration a shipped profile serves: the row shows that profile's plan
+
+
+def _seed(partition: tuple[int, ...], *more: dict[str, Any]) -> dict[str, Any]:
+    """A seed's own layout (its profile may ship the search's) with the case's other changes."""
+    changes: dict[str, Any] = {"parallel": {"partition": list(partition)}}
+    for part in more:
+        changes = merge(changes, part)
+    return changes
 
 
 CASES = (
-    Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", {}, 1_025_573, fit="reserve", drafter_kv="own"),
-    Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", {}, 1_600_895, drafter_kv="own"),
-    Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", {}, 2_090_000, approximate=True, drafter_kv="own"),
-    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", _SIDECAR, 6_620_000, drafter_kv="sidecar",
-         compared="core and sidecar ids"),
-    Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", _merge(_SIDECAR, {
+    Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", _seed((11, 10, 10, 10, 10, 10, 9, 8), _SEED003), 1_025_573,
+         fit="reserve", drafter_kv="own", shipped=True),
+    Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", _seed((10, 9, 9, 9, 9, 9, 9, 8, 6), _SEED003), 1_600_895,
+         drafter_kv="own", shipped=True),
+    Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", _seed((10, 8, 8, 8, 8, 8, 8, 8, 8, 4), _SEED003), 2_090_000,
+         approximate=True, drafter_kv="own", shipped=True),
+    Case("seed 002 8 cards NVFP4", "cmp170hx-8x-pp8", _seed((7, 5, 7, 5, 7, 5, 7, 2), _SIDECAR), 6_620_000,
+         drafter_kv="sidecar", compared="core and sidecar ids", shipped=True),
+    Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", _seed((9, 7, 9, 7, 9, 4), _SIDECAR, {
         "vllm": {"enable-prefix-caching": True}}), 3_200_000, approximate=True, drafter_kv="sidecar",
-         compared="core and sidecar ids"),
+         compared="core and sidecar ids", shipped=True),
     Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677, fit="util"),
-    Case("seed 001 + FP8 KV", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": {"kv-cache-dtype": "fp8"}}), 561_895),
-    Case("seed 001 + MTP k=3", "l40-8x-tp8", _merge(_L40_BASE, {"vllm": _MTP}), 310_490),
-    Case("seed 001 + FP8 linear attention", "l40-8x-tp8", _merge(_L40_BASE, {
+    Case("seed 001 + FP8 KV", "l40-8x-tp8", merge(_L40_BASE, {"vllm": {"kv-cache-dtype": "fp8"}}), 561_895),
+    Case("seed 001 + MTP k=3", "l40-8x-tp8", merge(_L40_BASE, {"vllm": _MTP}), 310_490),
+    Case("seed 001 + FP8 linear attention", "l40-8x-tp8", merge(_L40_BASE, {
         "vllm": _MTP, "planner": {"bits": {"linear_attention": 8}}}), 382_472),
-    Case("seed 001 + 4-bit experts", "l40-8x-tp8", _merge(_L40_BASE, {
-        "vllm": _MTP, "planner": {"bits": {"linear_attention": 8, "routed_experts": _EXL3_BITS}}}), 2_847_055),
+    Case("seed 001 + 4-bit experts", "l40-8x-tp8", merge(_L40_BASE, {
+        "vllm": _MTP, "planner": {"bits": {"linear_attention": 8, "routed_experts": _EXL3_BITS}}}), 2_847_055,
+         shipped=True),
+    # SGLang's pool was capped by --max-total-tokens; the profile is the seed's settings in vLLM's terms.
+    Case("seed 004 TP2 replica", "rtxpro6000-tp2-replicas", {}, 500_000, compared="SGLang's --max-total-tokens",
+         shipped=True),
 )
 
 
 def case_profile(case: Case, util: float | None = None) -> Profile:
     base = load_profile(case.profile).model_dump()
-    changes = _merge(case.changes, {"vllm": {"gpu-memory-utilization": util}}) if util is not None else case.changes
-    return Profile.model_validate(_merge(base, changes))
+    changes = merge(case.changes, {"vllm": {"gpu-memory-utilization": util}}) if util is not None else case.changes
+    return Profile.model_validate(merge(base, changes))
 
 
 def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
@@ -81,17 +95,21 @@ def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
     return plan(Request(case_profile(case, util), drafter_kv=drafter_kv or case.drafter_kv), reserve)
 
 
-def table(reserve: Reserve = RESERVE, seed001_util: float = _SEED001_UTIL) -> list[dict[str, Any]]:
+def table(reserve: Reserve = RESERVE, seed001_util: float = SEED001_UTIL) -> list[dict[str, Any]]:
+    """Each case planned as its seed's engine held the drafter's KV, and, for the cases a shipped profile serves,
+    that profile as rigstack runs it on the pin (vLLM 0.32.0 with the stack: drafter KV grouped by vLLM)."""
     rows = []
     for case in CASES:
         util = seed001_util if case.profile == "l40-8x-tp8" else None
         result = case_plan(case, reserve, util)
-        pin = case_plan(case, reserve, util, "pool") if case.drafter_kv != "pool" else result
-        rows.append({"case": case.label, "published": case.published, "approximate": case.approximate,
-                     "planned": result.pool_tokens, "ratio": result.pool_tokens / case.published,
-                     "binding_stage": result.binding_stage, "starts": result.starts, "fit": case.fit,
-                     "drafter_kv": case.drafter_kv, "compared": case.compared, "pin_tokens": pin.pool_tokens,
-                     "pin_binding_stage": pin.binding_stage, "pin_starts": pin.starts})
+        pin = plan(Request(load_profile(case.profile)), reserve) if case.shipped else None
+        rows.append({"case": case.label, "profile": case.profile, "published": case.published,
+                     "approximate": case.approximate, "planned": result.pool_tokens,
+                     "ratio": result.pool_tokens / case.published, "binding_stage": result.binding_stage,
+                     "starts": result.starts, "fit": case.fit, "drafter_kv": case.drafter_kv,
+                     "compared": case.compared, "pin_tokens": pin.pool_tokens if pin else None,
+                     "pin_ratio": pin.pool_tokens / case.published if pin else None,
+                     "pin_starts": pin.starts if pin else None, "pin_partition": pin.partition if pin else None})
     return rows
 
 
@@ -113,23 +131,3 @@ def fit() -> tuple[Reserve, float]:
     reserve = replace(RESERVE, fixed_gib=round(fixed, 3))
     util = _bisect(lambda u: util_case.published / max(1, case_plan(util_case, reserve, u).pool_tokens), 0.5, 1.0)
     return reserve, round(util, 3)
-
-
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-
-
-@app.command()
-def main(refit: bool = typer.Option(False, "--fit", help="refit the two constants on their cases first")) -> None:
-    """The seeds' published pools against the plan: the README's table, printed by rigstack/output/planner.py."""
-    from rigstack.output.planner import show_published
-    from rigstack.planner import has_vllm, serving_python
-
-    if not has_vllm():  # core.plan builds the KV specs with vLLM's own classes
-        raise UserError(f"the published pools are planned with vLLM's own code and {sys.executable} has no vllm; run "
-                        f"`{serving_python() or 'the serving interpreter'} -m rigstack.planner.published`")
-    reserve, util = fit() if refit else (RESERVE, _SEED001_UTIL)
-    show_published(reserve, util, table(reserve, util))
-
-
-if __name__ == "__main__":
-    sys.exit(run(app))

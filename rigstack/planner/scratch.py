@@ -1,7 +1,8 @@
 """The non-KV scratch of a stage's profile run, sized by vLLM 0.32.0's own shape functions (run without a GPU):
 the fused-MoE modular kernel's workspaces (the experts class's `workspace_shapes`, allocated as
 `FusedMoEKernel._allocate_buffers` and `WorkspaceManager.get_simultaneous` do), and the runner's buffers that
-outlive the dummy pass (the PP intermediate tensors of a later stage, the last stage's sampler logits).
+outlive the dummy pass (the PP intermediate tensors of a later stage, the last stage's sampler logits), and a
+DSA model's sparse-MLA workspaces and indexer logits sentinel.
 
 What stays out: the CUDA-graph pool, which gpu_worker.determine_available_memory takes from a trial capture
 (`profile_cudagraph_memory`, applied by default through VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), and the CUDA
@@ -10,15 +11,21 @@ context and NCCL buffers; they are the fitted `fixed_gib` of core.Reserve.
 
 from __future__ import annotations
 
-from math import prod
+import math
 from typing import Any
 
+
 import torch
+from vllm.config import VllmConfig
 from vllm.model_executor.layers.fused_moe.activation import MoEActivation
 from vllm.model_executor.layers.fused_moe.experts.marlin_moe import MarlinExperts
 from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
 from vllm.model_executor.models.utils import make_empty_intermediate_tensors_factory
 from vllm.utils.math_utils import round_up
+
+from rigstack.planner import kv
+from rigstack.planner.config import text_config
+from rigstack.planner.kv import KvSetup
 
 # WorkspaceManager.get_simultaneous rounds each view up to this many bytes.
 _ALIGN = 256
@@ -47,7 +54,8 @@ def moe_workspace_bytes(cls: type, tokens: int, text: Any, tp: int, act_dtype: t
                                                      text.n_routed_experts, text.n_routed_experts, None,
                                                      MoEActivation.SILU)
     itemsize = experts.workspace_dtype(act_dtype).itemsize
-    return sum(round_up(size * itemsize, _ALIGN) for size in (max(prod(work13), prod(output)), prod(work2)))
+    sizes = (max(math.prod(work13), math.prod(output)), math.prod(work2))
+    return sum(round_up(size * itemsize, _ALIGN) for size in sizes)
 
 
 def runner_buffer_bytes(stage: int, pp: int, tokens: int, max_num_seqs: int, text: Any,
@@ -64,3 +72,64 @@ def runner_buffer_bytes(stage: int, pp: int, tokens: int, max_num_seqs: int, tex
     if stage == pp - 1:
         total += min(tokens, max_num_seqs) * text.vocab_size * (act_dtype.itemsize + torch.float32.itemsize)
     return total
+
+
+# The sparse-MLA backends that reserve no prefill gather workspace: TRITON_MLA_SPARSE (patch 0009; its impl is the
+# XPU one, which keeps no workspace), the only sparse backend below SM90 (platforms/cuda.py's priorities).
+_NO_GATHER_BACKENDS = ("TRITON_MLA_SPARSE",)
+
+
+def _dsa(setup: KvSetup) -> bool:
+    return setup.architecture in ("GlmMoeDsaForCausalLM", "Glm5NextForCausalLM")
+
+
+def _sparse_config(setup: KvSetup, hf_config: Any) -> VllmConfig:
+    config = kv.vllm_config(setup, hf_config)
+    # VllmConfig.__post_init__'s rule for the factor (not run on this stand-in config).
+    config.attention_config.sparse_mla_prefill_workspace_factor = 5 if setup.max_model_len <= 256 * 1024 else 2
+    return config
+
+
+def _kpool(setup: KvSetup, text: Any) -> int:
+    return getattr(text, "index_kpool", 1) if setup.architecture == "Glm5NextForCausalLM" else 1
+
+
+def sparse_workspace_bytes(setup: KvSetup, hf_config: Any, backend: str | None = None) -> int:
+    """The sparse-MLA scratch a DSA model reserves in vLLM's shared WorkspaceManager during the profile run, sized
+    by vLLM's own functions: the indexer's K-gather workspace (sparse_attn_indexer's profile branch:
+    _gather_workspace_shapes over max_total_seq_len = get_max_prefill_buffer_size, divided by index_kpool on
+    GLM-5.3-Flash, plus the radix top-k scratch), and, unless `backend` reserves none (TRITON_MLA_SPARSE), the
+    MLA prefill gather workspace (FlashMLASparseImpl's get_prefill_workspace_size rows of the bf16 latent). They
+    scale with max-model-len."""
+    if not _dsa(setup):
+        return 0
+    from vllm.model_executor.layers.indexer_topk import RADIX_TOPK_WORKSPACE_SIZE
+    from vllm.model_executor.layers.sparse_attn_indexer import _gather_workspace_shapes
+    from vllm.platforms import current_platform
+    from vllm.v1.attention.backends.mla.flashmla_sparse import get_prefill_workspace_size
+    from vllm.v1.attention.backends.mla.indexer import get_max_prefill_buffer_size
+
+    text = text_config(hf_config)
+    config = _sparse_config(setup, hf_config)
+    rows = get_max_prefill_buffer_size(config) // _kpool(setup, text)
+    values, scales = _gather_workspace_shapes(rows, text.index_head_dim, current_platform.fp8_dtype(), False)
+    specs = [values, scales, ((RADIX_TOPK_WORKSPACE_SIZE,), torch.uint8)]
+    if backend not in _NO_GATHER_BACKENDS:
+        specs.append(((get_prefill_workspace_size(config), text.kv_lora_rank + text.qk_rope_head_dim), torch.bfloat16))
+    # WorkspaceManager.get_simultaneous: one allocation, each view rounded up to 256 bytes.
+    return sum(round_up(math.prod(shape) * dtype.itemsize, 256) for shape, dtype in specs)
+
+
+def indexer_logits_bytes(setup: KvSetup, hf_config: Any) -> int:
+    """The indexer's logits sentinel in the profile run, a plain allocation beside the shared workspace (so added to
+    it): VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and on GLM-5.3-Flash's pooled indexer at least the worst decode logits,
+    min(max-num-seqs x (1 + draft), max-num-batched-tokens) x max_model_len / index_kpool x 4 bytes."""
+    if not _dsa(setup):
+        return 0
+    import vllm.envs as envs
+
+    cap = envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024
+    if setup.architecture != "Glm5NextForCausalLM":
+        return cap
+    tokens = min(setup.max_num_seqs * (setup.num_speculative_tokens + 1), setup.max_num_batched_tokens)
+    return max(cap, tokens * (setup.max_model_len // _kpool(setup, text_config(hf_config))) * 4)

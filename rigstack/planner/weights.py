@@ -51,12 +51,13 @@ def layer_of(name: str) -> int | None:
 
 
 def checkpoint_bytes(folder: Path) -> dict[str, int]:
-    """Exact bytes of every tensor, read from the safetensors headers (8-byte length, then JSON)."""
+    """Exact bytes of every tensor, read from the safetensors headers (8-byte length, then JSON): the shards the
+    index names when there is one (vLLM's loader drops files the index does not name), else every shard."""
     index = folder / "model.safetensors.index.json"
     if index.is_file():
         try:
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError):
+        except (ValueError, KeyError, TypeError, AttributeError):
             raise UserError(f"{index}: not a safetensors index (no weight_map); re-download the checkpoint") from None
     else:
         shards = sorted(path.name for path in folder.glob("*.safetensors"))
@@ -68,14 +69,20 @@ def checkpoint_bytes(folder: Path) -> dict[str, int]:
         path = folder / shard
         if not path.is_file():
             raise UserError(f"{index}: names shard {shard}, which is missing from {folder}; finish the download")
+        sizes.update(_header_sizes(path))
+    return sizes
+
+
+def _header_sizes(path: Path) -> dict[str, int]:
+    try:
         with path.open("rb") as handle:
             (length,) = struct.unpack("<Q", handle.read(8))
             header = json.loads(handle.read(length))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                start, end = meta["data_offsets"]
-                sizes[name] = end - start
-    return sizes
+        return {name: meta["data_offsets"][1] - meta["data_offsets"][0]
+                for name, meta in header.items() if name != "__metadata__"}
+    except (struct.error, ValueError, KeyError, TypeError, IndexError, MemoryError, OverflowError):
+        raise UserError(f"{path}: its safetensors header cannot be read (a partial or corrupt download); "
+                        "re-download that shard") from None
 
 
 def shape_params(hf_config: Any) -> dict[str, int]:

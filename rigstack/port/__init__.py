@@ -22,7 +22,7 @@ the new release holds it too), moved (a file it touches was renamed upstream and
 and moved patches also get a drift warning for every function they touch that changed upstream between the two
 releases.
 
-`--write` replaces the stack in patches/ (same header, numbering kept, written by applier.export) and the pins in
+`--write` replaces the stack in patches/ (same header, numbering kept, written by patched.export) and the pins in
 versions.env. A patch that was upstreamed or dropped is removed and a note takes its place: NNNN-slug.upstreamed
 or NNNN-slug.dropped, holding why and the old header; load_stack reads only *.patch and the id stays taken.
 """
@@ -36,7 +36,7 @@ from rigstack.baseline import parse_base, parse_source
 from rigstack.errors import UserError
 from rigstack.port.resume import _continue
 from rigstack.port.start import _base, _start
-from rigstack.port.state import ACTIONS, LOCK_DIR, PortReport, PortState, _find_work, _load, _repo
+from rigstack.port.state import ACTIONS, LOCK_DIR, PortReport, PortState, _find_work, _load, _repo, port_command
 from rigstack.port.write import _write
 from rigstack.stack import DEFAULT_PATCHES_DIR
 from rigstack.versions import VERSIONS_FILE, Pins
@@ -66,7 +66,8 @@ def port(action: str, pins: Pins, to: str | None = None, source: str = "wheel",
     work_root = work_root.absolute()  # git runs in the package folder: every path it gets must be absolute
     if action in ("start", "report-only"):
         if not to:
-            raise UserError("--to VERSION is required to start a port, e.g. `python apply.py port --to 0.33.0`")
+            raise UserError("--to VERSION is required to start a port, e.g. "
+                            f"`{port_command(work_root, '--to 0.33.0')}`")
         old = _base(parse_base(base), base_sha256, pins) if base else None
         return _start(to, parse_source(source), patches_dir, sha256, pins, work_root, action == "report-only", old)
     if base or base_sha256:

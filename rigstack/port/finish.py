@@ -6,7 +6,7 @@ import os
 import shutil
 from pathlib import Path
 
-from rigstack import __version__, applier
+from rigstack import __version__, patched
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.cpu import _cpu_check
 from rigstack.port.state import PORTED, PortState, _save
@@ -26,7 +26,7 @@ def _finish(work: Path, repo: PackageRepo, state: PortState) -> PortState:
     write_stamp(repo.package, stamp)
     partial = work / f"{PORTED}.tmp"
     shutil.rmtree(partial, ignore_errors=True)
-    applier.export(repo.package, partial)
+    patched.export(repo.package, partial)
     shutil.rmtree(work / PORTED, ignore_errors=True)
     os.replace(partial, work / PORTED)
     ported = load_stack(work / PORTED)

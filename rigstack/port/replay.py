@@ -5,7 +5,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from rigstack import applier
+from rigstack import history
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.classify import _record
 from rigstack.port.conflicts import _conflict_sites, _lines_upstream, _looks_upstreamed
@@ -67,4 +67,4 @@ def _old_change(repo: PackageRepo, state: PortState, patch: Patch, position: int
         assert reverse.ok, f"{patch.file} was already-applied on vLLM {state.old.version}: {reverse.output}"
         without = repo.commit_tree(repo.write_tree(index), None, f"port: vLLM {state.old.version} without "
                                                                   f"{patch.file}\n")
-    return without, repo.commit_tree(old_tree, without, applier.commit_message(patch, "already-applied")), True
+    return without, repo.commit_tree(old_tree, without, history.commit_message(patch, "already-applied")), True

@@ -8,7 +8,7 @@ from rigstack.errors import UserError
 from rigstack.port.classify import _record
 from rigstack.port.conflicts import _MARKERS, _report
 from rigstack.port.replay import _replay
-from rigstack.port.state import PortReport, PortState, _repo, _save
+from rigstack.port.state import PortReport, PortState, _repo, _save, port_command
 from rigstack.stack import load_stack
 
 
@@ -16,11 +16,11 @@ def _continue(work: Path, state: PortState, skip: bool) -> PortReport:
     stack = load_stack(Path(state.patches_dir))
     if stack.stack_hash != state.stack_hash:
         raise UserError(f"{state.patches_dir} changed since the port started; restore it, or drop the port with "
-                        "`python apply.py port --abort` and start again")
+                        f"`{port_command(work.parent, '--abort')}` and start again")
     if state.status in ("done", "written"):
         raise UserError(f"the port to {state.new.version} in {work} has no open conflict ({state.status}); "
-                        + ("accept it with `python apply.py port --write`" if state.status == "done"
-                           else "start the next one with `python apply.py port --to VERSION`"))
+                        + (f"accept it with `{port_command(work.parent, '--write')}`" if state.status == "done"
+                           else f"start the next one with `{port_command(work.parent, '--to VERSION')}`"))
     repo = _repo(work)
     if state.status == "stopped":
         patch, entry = stack.patches[state.next], state.patches[state.next]
@@ -32,7 +32,7 @@ def _continue(work: Path, state: PortState, skip: bool) -> PortReport:
             left = _markers_left(repo.package, entry.files)
             if left:
                 raise UserError(f"{left} still holds a conflict marker; finish the edit, then "
-                                "`python apply.py port --continue` (or --skip to drop the patch)")
+                                f"`{port_command(work.parent, '--continue')}` (or --skip to drop the patch)")
             _record(repo, state, patch, entry, repo.stage_work_tree(), f"resolved by hand after a {was}")
         state.status, state.next, state.conflict_tree = "running", state.next + 1, None
         _save(work, state)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from rigstack import applier
+from rigstack import applier, patchseries
 from rigstack.baseline import (RELEASE, Fingerprint, PackageFile, Source, WheelSource, base_wheel,
                                checked_release_wheel, fetch_wheel, ignore_binaries, tracked_entries)
 from rigstack.errors import UserError
@@ -17,8 +17,8 @@ from rigstack.gitrepo import PackageRepo, state_dir_for
 from rigstack.port.conflicts import _report
 from rigstack.port.replay import _replay
 from rigstack.port.state import (Baseline, NEW_BASELINE, OLD_BASELINE, OLD_STACK, PortReport, PortState, PortedPatch,
-                                 STATE, _NotOnThePin, _load, _repo, _save, _version_in)
-from rigstack.port.store import _wheel_baseline
+                                 STATE, _NotOnThePin, _load, _repo, _save, _version_in, port_command)
+from rigstack.port.store import wheel_baseline
 from rigstack.stack import Stack, load_stack
 from rigstack.versions import Pins
 
@@ -71,14 +71,15 @@ def _refuse_unfinished(work: Path, to: str) -> None:
         return
     state = _load(work)
     if state.status in ("running", "stopped"):
-        raise UserError(f"a port to {to} is already in progress in {work}; finish it with `python apply.py port "
-                        "--continue` (or --skip), or drop it with `python apply.py port --abort`")
+        raise UserError(f"a port to {to} is already in progress in {work}; finish it with "
+                        f"`{port_command(work.parent, '--continue')}` (or --skip), or drop it with "
+                        f"`{port_command(work.parent, '--abort')}`")
     repo = _repo(work)
     dirty = repo.dirty_files() if state.laid else []
     if dirty:
         more = f" and {len(dirty) - 1} more" if len(dirty) > 1 else ""
         raise UserError(f"{repo.package} has uncommitted changes ({dirty[0]}{more}); nothing was touched. Keep "
-                        "them elsewhere, or discard the port with `python apply.py port --abort`")
+                        f"them elsewhere, or discard the port with `{port_command(work.parent, '--abort')}`")
 
 
 def _base(source: Source, sha256: str | None, pins: Pins) -> _Release:
@@ -135,7 +136,7 @@ def _build(area: Path, stack: Stack, patches_dir: Path, release: _Release, to: s
     old_version = base.version or pins.vllm_version
     old_commit, old_print = _baseline_commit(repo, base, old_version, OLD_BASELINE)
     new_commit, new_print = _baseline_commit(repo, release, to, NEW_BASELINE)
-    results, final, error = applier.commit_series(repo, old_commit, stack.patches)
+    results, final, error = patchseries.commit_series(repo, old_commit, stack.patches)
     if error:
         named = f"vLLM {old_version} ({base.wheel.name if base.wheel else base.label})"
         raise _NotOnThePin(applier.StackResult(named, base.label, base.flavour, old_print, stack.stack_hash,
@@ -158,7 +159,7 @@ def _baseline_commit(repo: PackageRepo, release: _Release, version: str, ref: st
     """(commit, fingerprint) of one release's text files under `ref`; an image or a folder must hold `version`."""
     if release.files is None:
         assert release.wheel is not None and release.sha256 is not None
-        return _wheel_baseline(repo, release.wheel, release.sha256, version, ref)
+        return wheel_baseline(repo, release.wheel, release.sha256, version, ref)
     printer = Fingerprint()
     commit = repo.import_commit(tracked_entries(release.files(), printer),
                                 f"baseline: vLLM {version} ({release.label})\n", ref)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel
 
-from rigstack import __version__, applier
+from rigstack import __version__, applier, invocation
 from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -22,6 +23,7 @@ NEW_BASELINE = "refs/port/new-baseline"
 CPU_BASELINE = "refs/port/cpu-baseline"
 ACTIONS = ("start", "continue", "skip", "abort", "report-only", "write")
 WRITABLE = ("clean", "refreshed", "moved", "upstreamed", "dropped")
+DEFAULT_WORK_ROOT = Path("build")  # `port --work`'s default, under the folder it runs in
 
 
 class ConflictSite(BaseModel):
@@ -109,13 +111,20 @@ def _load(work: Path) -> PortState:
     return PortState.model_validate_json((work / STATE).read_text())
 
 
+def port_command(work_root: Path, words: str) -> str:
+    """`rigstack port WORDS` as the user types it, with --work when the port lives elsewhere than build/: without
+    it the command looks in build/ and finds no port."""
+    where = "" if work_root == DEFAULT_WORK_ROOT.absolute() else f" --work {shlex.quote(str(work_root))}"
+    return invocation.command(f"port {words}{where}")
+
+
 def _find_work(work_root: Path, to: str | None) -> Path:
     found = sorted(path.parent for path in work_root.glob(f"port-*-to-{to or '*'}/{STATE}"))
     if len(found) > 1:  # ports already written are history: the open one is meant
         found = [path for path in found if _load(path).status != "written"] or found
     if not found:
         raise UserError(f"no port in progress (no {work_root}/port-*-to-{to or '*'}/{STATE}); start one with "
-                        "`python apply.py port --to VERSION`")
+                        f"`{port_command(work_root, '--to VERSION')}`")
     if len(found) > 1:
         raise UserError(f"{len(found)} ports in {work_root} ({', '.join(path.name for path in found)}); pick one "
                         "with --to VERSION")

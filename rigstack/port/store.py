@@ -11,7 +11,7 @@ from rigstack.cache import cache_dir
 from rigstack.gitrepo import PackageRepo
 
 
-def _wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:
+def wheel_baseline(repo: PackageRepo, wheel: Path, sha256: str, version: str, ref: str) -> tuple[str, str]:
     """(commit, fingerprint) of a wheel's text files. Each wheel is imported once, into a store in the cache, and its
     pack is hard-linked into every work area: a port then spends no time on baselines it has seen before."""
     store_dir = cache_dir() / "port-baselines"

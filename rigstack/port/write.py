@@ -2,36 +2,38 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 from rigstack.atomic import write_atomic
 from rigstack.baseline import (sha256_of)
 from rigstack.errors import UserError
-from rigstack.port.state import PORTED, PortReport, PortState, WRITABLE, _save
+from rigstack.port.state import PORTED, PortReport, PortState, WRITABLE, _save, port_command
 from rigstack.stack import load_stack
 from rigstack.versions import Pins, update_pins
 
 
 def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> PortReport:
     """Accept a finished port: the refreshed stack into patches/, notes for removed patches, the new pins."""
+    command = partial(port_command, work.parent)
     if state.status in ("stopped", "running"):
         where = state.patches[state.next].file
         why = f"a conflict is open in {where}" if state.status == "stopped" else f"interrupted at {where}"
         raise UserError(f"the port to {state.new.version} is not finished ({why}); nothing was written. Resolve it "
-                        "and `python apply.py port --continue`, or --skip / --abort")
+                        f"and `{command('--continue')}`, or --skip / --abort")
     if state.status == "written":
         raise UserError(f"the port to {state.new.version} was already written; start another with "
-                        "`python apply.py port --to VERSION`")
+                        f"`{command('--to VERSION')}`")
     if state.new.source != "wheel":
         raise UserError(f"--write pins the GPU wheel, but this port used {state.new.source}; port with "
-                        f"`python apply.py port --to {state.new.version} --from wheel` to write it")
+                        f"`{command(f'--to {state.new.version} --from wheel')}` to write it")
     patches_dir = Path(state.patches_dir)
     stack = load_stack(patches_dir)
     if stack.stack_hash != state.stack_hash:
         raise UserError(f"{patches_dir} changed since the port started; nothing was written. Port again with "
-                        f"`python apply.py port --abort` then `python apply.py port --to {state.new.version}`")
+                        f"`{command('--abort')}` then `{command(f'--to {state.new.version}')}`")
     assert all(entry.status in WRITABLE for entry in state.patches)
-    changes = _sdist_pins(state, pins)  # a download: before anything is written
+    changes = _new_pins(state, pins)  # a download: before anything is written
     for patch, entry in zip(stack.patches, state.patches):
         if entry.status in ("upstreamed", "dropped"):
             why = (f"vLLM {state.new.version} already holds this change" if entry.status == "upstreamed"
@@ -42,19 +44,33 @@ def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> Por
             patch.path.unlink()
         else:
             write_atomic(patch.path, (work / PORTED / patch.file).read_bytes())
+    state.status = "written"
+    if patches_dir.resolve() != (versions_file.parent / "patches").resolve():
+        # A side folder ported onto the pin: its pins belong to whatever checkout it becomes the patches/ of.
+        pins_text = " ".join(f"{key}={value}" for key, value in changes.items())
+        state.notes.append(f"the pins were not written: {patches_dir} is not the patches/ beside {versions_file}; "
+                           f"the versions.env of the checkout whose patches/ it becomes takes {pins_text}")
+        _save(work, state)
+        return PortReport(str(work), state, message=f"wrote the stack to {patches_dir}; the pins for it are in the "
+                                                    "notes (not written: it is not this checkout's patches/)")
+    update_pins(changes, versions_file)
+    _save(work, state)
+    return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
+
+
+def _new_pins(state: PortState, pins: Pins) -> dict[str, str]:
+    """versions.env's new values for the ported release (the CPU pins only when the CPU twin took the stack)."""
     image = pins.vllm_image.rsplit(":", 1)[0]
-    changes |= {"VLLM_VERSION": state.new.version, "VLLM_WHEEL": state.new.wheel or "",
-               "VLLM_WHEEL_SHA256": state.new.sha256 or "", "VLLM_FINGERPRINT_GPU": state.new.fingerprint,
-               "VLLM_IMAGE": f"{image}:v{state.new.version}", "VLLM_IMAGE_DIGEST": ""}
+    changes = _sdist_pins(state, pins) | {
+        "VLLM_VERSION": state.new.version, "VLLM_WHEEL": state.new.wheel or "",
+        "VLLM_WHEEL_SHA256": state.new.sha256 or "", "VLLM_FINGERPRINT_GPU": state.new.fingerprint,
+        "VLLM_IMAGE": f"{image}:v{state.new.version}", "VLLM_IMAGE_DIGEST": ""}
     if state.cpu.get("status") == "applies":
         changes |= {"VLLM_CPU_WHEEL": state.cpu["wheel"], "VLLM_CPU_WHEEL_SHA256": state.cpu["sha256"],
                     "VLLM_FINGERPRINT_CPU": state.cpu["fingerprint"]}
     else:
         state.notes.append(f"the CPU pins stay at vllm-cpu {state.old.version} ({state.cpu.get('detail', '')})")
-    update_pins(changes, versions_file)
-    state.status = "written"
-    _save(work, state)
-    return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
+    return changes
 
 
 def _sdist_pins(state: PortState, pins: Pins) -> dict[str, str]:

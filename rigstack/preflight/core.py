@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -71,8 +72,6 @@ class Context:
 
     @cached_property
     def model_config(self) -> dict[str, Any] | None:
-        from rigstack.preflight.model import read_config  # model.py registers checks on this module: import late
-
         return read_config(self.model)
 
     @cached_property
@@ -106,6 +105,15 @@ class Context:
     def env_value(self, name: str) -> str | None:
         """A variable as the server will see it: the profile's value wins over the caller's environment."""
         return profile_env(self.profile).get(name, self.environ.get(name))
+
+
+def read_config(folder: Path | None) -> dict[str, Any] | None:
+    """A model folder's config.json; None when there is none or it is unreadable (the model check says which)."""
+    try:
+        data = json.loads((folder / "config.json").read_text()) if folder else None
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
 
 
 Check = Callable[[Context], Result]

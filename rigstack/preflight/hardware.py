@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
+from rigstack.invocation import command
 from rigstack.preflight.nvml import Gpu, GpuScan
 from rigstack.profiles import Profile
 
@@ -25,13 +26,13 @@ def fit(profile: Profile, scan: GpuScan) -> Result:
         return passed(f"cpu profile, needs no GPU ({found})")
     if not scan.gpus:
         return fail(f"needs {need} GPU(s), none found: {scan.problem or 'NVML lists no device'}",
-                    "run on the rig, or pick a cpu profile: python preflight.py --profile cpu-tiny")
+                    f"run on the rig, or pick a cpu profile: {command('preflight --profile cpu-tiny')}")
     matching: list[Gpu] = [gpu for gpu in scan.gpus
                            if not hw.gpu_name or re.search(hw.gpu_name, gpu.name, re.IGNORECASE)]
     if len(matching) < need:
         names = ", ".join(sorted({gpu.name for gpu in scan.gpus}))
         return fail(f"needs {need} GPU(s) matching {hw.gpu_name!r}, found {len(matching)} (host has: {names})",
-                    "pick the profile for this rig: python preflight.py profiles")
+                    f"pick the profile for this rig: {command('preflight profiles')}")
     if hw.memory_gib:
         small = [gpu for gpu in matching[:need] if gpu.memory_gib < hw.memory_gib * MEMORY_SLACK]
         if small:
@@ -102,6 +103,6 @@ def gpus_idle(ctx: Context) -> Result:
     if busy:
         gpu = busy[0]
         return fail(f"GPU {gpu.index} is busy: {gpu.processes} process(es), {gpu.used_gib:.1f} GiB used",
-                    "stop what runs there (nvidia-smi shows it; python scripts/run_prod.py stop for ours)")
+                    f"stop what runs there (nvidia-smi shows it; {command('stop')} for ours)")
     return passed(f"{need} GPU(s) idle")
 

@@ -1,10 +1,11 @@
-"""Checks of the host itself: the port, /dev/shm, RAM for offloaded experts."""
+"""Checks of the host itself: the port, /dev/shm, the IPC socket folder, RAM for offloaded experts."""
 
 from __future__ import annotations
 
 import errno
 import os
 import socket
+import tempfile
 from pathlib import Path
 
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
@@ -49,6 +50,23 @@ def shm(ctx: Context) -> Result:
         return fail(f"{SHM} has {free:.1f} GiB free, the profile wants {want:g}",
                     f"remount it larger: mount -o remount,size={int(want) + 1}G /dev/shm")
     return passed(f"{SHM} {free:.1f} GiB free (>= {want:g})")
+
+
+# vLLM binds its engine sockets at VLLM_RPC_BASE_PATH (default: the temp folder) + "/" + a uuid4 (36 characters);
+# a Unix socket's path holds at most 107 bytes, and past that the engine dies at startup with a ZMQError.
+SOCKET_PATH_MAX = 107
+UUID_CHARS = 36
+
+
+@check("ipc-path")
+def ipc_path(ctx: Context) -> Result:
+    base = ctx.env_value("VLLM_RPC_BASE_PATH") or ctx.env_value("TMPDIR") or tempfile.gettempdir()
+    longest = len(os.fsencode(base)) + 1 + UUID_CHARS
+    if longest > SOCKET_PATH_MAX:
+        return fail(f"vLLM's engine sockets would sit in {base} ({longest} bytes with the socket's name, a Unix "
+                    f"socket holds {SOCKET_PATH_MAX})",
+                    "set VLLM_RPC_BASE_PATH (or TMPDIR) to a folder with a shorter path, e.g. /tmp")
+    return passed(f"engine sockets in {base} ({longest} of {SOCKET_PATH_MAX} bytes)")
 
 
 def meminfo() -> dict[str, float]:

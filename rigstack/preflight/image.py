@@ -1,5 +1,5 @@
 """The image a docker profile runs: present in the local daemon, built from this stack, its laid files intact
-(rigstack.images.verify_image); or, in bind-mount mode, the base present and the mounted package on this stack."""
+(rigstack.rigimages.verify_image); or, in bind-mount mode, the base present and the mounted package on this stack."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from rigstack.stamp import read_stamp
 
 @check("image")
 def image(ctx: Context) -> Result:
-    from rigstack import dockerapi, images  # only docker profiles need the docker SDK
+    from rigstack import dockerapi, rigimages  # only docker profiles need the docker SDK
 
     profile = ctx.profile
     if not profile.image:
@@ -31,7 +31,7 @@ def image(ctx: Context) -> Result:
         return fail(f"image {profile.image} is not present locally", fix)
     if profile.docker.bind_package:
         return _bind_package(ctx, Path(profile.docker.bind_package))
-    report = images.verify_image(profile.image)
+    report = rigimages.verify_image(profile.image)
     if not report.ok:
         first = report.failures[0]
         return fail(f"image {profile.image}: {first.name}: {first.detail.split('; rebuild')[0]}", build)
@@ -42,7 +42,7 @@ def image(ctx: Context) -> Result:
 
 def _bind_package(ctx: Context, package: Path) -> Result:
     """The mounted package must be on this stack, and mountable without shadowing the base's compiled files."""
-    from rigstack import images
+    from rigstack import rigimages
 
     apply = f"python apply.py apply --from dir:{package}"
     found = read_stamp(package) if (package / "__init__.py").is_file() else None
@@ -51,6 +51,6 @@ def _bind_package(ctx: Context, package: Path) -> Result:
     if found.stack_hash != ctx.stack.stack_hash:
         return fail(f"docker.bind_package {package} is stamped with another stack ({found.stack_hash[:19]}), "
                     f"patches/ is {ctx.stack.stack_hash[:19]}", apply)
-    mounts = images.bind_mounts(package)  # a UserError (a .so, a folder) becomes this check's FAIL
+    mounts = rigimages.bind_mounts(package)  # a UserError (a .so, a folder) becomes this check's FAIL
     return passed(f"image {ctx.profile.image} present; {len(mounts) // 2} changed file(s) of {package} mounted "
                   f"over its package, stack {found.stack_hash[:19]}")

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from rigstack.errors import UserError
-from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
+from rigstack.planner.config import shape_known
+from rigstack.preflight.core import Context, Result, check, fail, passed, read_config, skip, warn
 from rigstack.profiles import TINY_PREFIX, Shape, Weights, model_dir
 from rigstack.tinymodel import models_root
 
@@ -16,14 +17,6 @@ GIB = 1024**3
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 # A download that stopped early still has its config.json; below this share of the expected size it is partial.
 SIZE_LOW, SIZE_HIGH = 0.9, 1.15
-
-
-def read_config(folder: Path | None) -> dict[str, Any] | None:
-    try:
-        data = json.loads((folder / "config.json").read_text()) if folder else None
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def _field(config: dict[str, Any], name: str) -> Any:
@@ -237,15 +230,20 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
         return fail(host, "add host RAM, or serve a smaller checkpoint: patch 0014 pins every routed expert in host "
                           "RAM, the cached ones too (`python preflight.py plan` shows each stage's share)")
     stage = plan["stages"][plan["binding_stage"]]
-    line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} binds: "
-            f"{stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
+    line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} has the "
+            f"fewest blocks: {stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
     if not plan["starts"]:
-        fixes = (f"raise gpu-memory-utilization, move layers off stage {plan['binding_stage']} (parallel.partition), "
-                 "add a PP stage, or use a smaller KV dtype")
+        refusing = plan["refusal_stage"]
+        short = plan["stages"][refusing]
+        fixes = (f"raise gpu-memory-utilization, move layers off stage {refusing} (parallel.partition; `python "
+                 f"preflight.py plan --profile {ctx.profile.name} --search` finds the best split), add a PP stage, "
+                 "or use a smaller KV dtype")
         if plan["util"] is None:
             fixes = "raise VLLM_CPU_KVCACHE_SPACE"
-        return fail(f"vLLM would refuse to start: {line} < max-model-len {max_len:,}", f"{fixes}; or lower "
-                    f"max-model-len (`python preflight.py plan --profile {ctx.profile.name}` shows the stages)")
+        return fail(f"vLLM would refuse to start: stage {refusing} cannot hold one {max_len:,}-token request "
+                    f"({short['request_gib']:.2f} GiB of KV, {short['available_gib']:.2f} GiB for KV there; short "
+                    f"stages: {', '.join(map(str, plan['short_stages']))}); {line}",
+                    f"{fixes}; or lower max-model-len")
     target = plan["target_sessions"]
     if plan["sessions"] < target:
         return warn(f"{line}: {plan['sessions']:.2f} of {target:g} target requests fit at {max_len:,} tokens",
@@ -279,10 +277,20 @@ def kv_room(ctx: Context) -> Result:
     # profiles keep the first estimate, which is vLLM's figure for the dense tiny model (tests/test_planner.py).
     unplanned = "cpu profile"
     if ctx.profile.flavour == "gpu":
-        try:
-            return _planned_room(ctx, max_len)
-        except UserError as error:
-            unplanned = f"planner not run: {error}"
+        from rigstack.interpreter import serving_python
+
+        folder = ctx.model or model_dir(ctx.profile.model, build=False)
+        if not shape_known(ctx.profile, folder):
+            # Preflight may run before the download; the shape then comes from config.json or planner.config only.
+            return skip(f"no config.json at {folder} and no planner.config: the model's "
+                        "shape is unknown; run preflight again once the weights are downloaded")
+        if serving_python() is not None:
+            try:
+                return _planned_room(ctx, max_len)
+            except UserError as error:  # the profile or the weights, said by the planner: it would not start
+                return fail(f"the capacity planner cannot plan this profile: {error}",
+                            "fix what it names, then `python preflight.py plan` shows the stages")
+        unplanned = "planner not run: no serving interpreter with vLLM (set RIGSTACK_VLLM_PYTHON)"
     per_token, budget = kv_bytes_per_token(ctx), kv_budget_gib(ctx)
     if per_token is None or budget is None:
         return skip(f"{unplanned}; not enough known for a first estimate")

@@ -94,16 +94,6 @@ def preflight(profile_name: str, *, model: Path | None = None, package: Path | N
     return PreflightReport(profile, results, exit_code(results, strict), time.perf_counter() - start)
 
 
-def run_preflight(profile_name: str, *, model: Path | None = None, package: Path | None = None,
-                  python: str | None = None, as_json: bool = False, strict: bool = False) -> int:
-    """Preflight and its report on the screen, for the launcher and the command; returns the exit code."""
-    from rigstack.output.preflight import print_report
-
-    report = preflight(profile_name, model=model, package=package, python=python, strict=strict)
-    print_report(report, as_json)
-    return report.code
-
-
 def fits() -> tuple[GpuScan, list[tuple[Profile, Result]]]:
     """Every profile, and whether it fits this host's GPUs (like a catalogue of compatible profiles)."""
     gpus = scan()

@@ -48,7 +48,7 @@ def router(ctx: Context) -> Result:
         return skip("no router: in the profile")
     if not _router_found(ctx.python):
         return fail(f"{ROUTER_PACKAGE} is not importable by the serving interpreter",
-                    "pip install -r requirements-test.txt (it pins vllm-router) into the serving venv")
+                    "pip install -r requirements.txt (it pins vllm-router) into the venv that runs the launcher")
     policy = ctx.profile.router.policy
     return passed(f"vllm-router found; policy {policy} on port {ctx.profile.router.port}")
 

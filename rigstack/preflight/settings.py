@@ -82,17 +82,18 @@ def env(ctx: Context) -> Result:
     if knowledge.error:
         return fail(f"cannot read vllm/envs.py: {knowledge.error}", "pass --package PATH of a working vllm")
     try:
-        switches = ctx.stack.switches()
+        stack_reads = ctx.stack.env_reads()
     except UserError as error:
         return fail(str(error), "fix the patch file it names")
-    known = knowledge.env | switches | ALLOWED_ENV
+    known = knowledge.env | stack_reads | ALLOWED_ENV
     names = profile_env(ctx.profile)
     unknown = [name for name in names if name not in known and not name.startswith(ALLOWED_ENV_PREFIXES)]
     if unknown:
         hints = ", ".join(f"{name}{_hint(name, known)}" for name in unknown)
         return fail(f"unknown env var(s), silently ignored by vLLM: {hints}",
-                    "fix the name, or add the patch that reads it (its Switch: header declares it)")
-    return passed(f"{len(names)} env var(s) known (vllm/envs.py, {len(switches)} stack switch(es), allow-list)")
+                    "fix the name, or add the patch that reads it")
+    return passed(f"{len(names)} env var(s) known (vllm/envs.py, {len(stack_reads)} read by the stack's patches, "
+                  "allow-list)")
 
 
 # --- flag combinations the seeds report as broken --------------------------------------------------------------

@@ -1,5 +1,7 @@
 """Seed 003's silent-corruption probe: N greedy repeats of one prompt must be identical, with no token id 0 and no
 token whose logprob sits at -ln(vocab) (a uniform distribution: the signature of all-zero rows from a bad card).
+Token id 0 counts only where it is an ordinary token: a model whose EOS or padding is id 0 (the tiny CPU model)
+emits it by design, and more so under ignore_eos.
 
 Greedy decoding on a healthy server is bit-identical run to run, so any divergence is a finding; its first
 differing position is reported so a rerun can look there.
@@ -34,14 +36,44 @@ class Flag:
     why: str
 
 
-def vocab_size_of(card: dict) -> int | None:
-    """The served model's vocabulary, from config.json when the model folder is on this host."""
-    root = card.get("root")
-    config = Path(root) / "config.json" if root else None
-    if config is None or not config.is_file():
-        return None
-    raw = json.loads(config.read_text())
-    return raw.get("vocab_size") or (raw.get("text_config") or {}).get("vocab_size")
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the served model's folder says, when it is on this host (None where it is not)."""
+    vocab_size: int | None
+    special_ids: frozenset[int] | None  # ids the model may emit by design (EOS, padding, added special tokens)
+
+
+def _json_file(path: Path) -> dict:
+    try:
+        raw = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        return {}
+    return raw if isinstance(raw, dict) else {}
+
+
+def _ids(value: object) -> set[int]:
+    items = value if isinstance(value, list) else [value]
+    return {item for item in items if isinstance(item, int) and not isinstance(item, bool)}
+
+
+def model_facts(card: dict) -> ModelFacts:
+    """The served model's vocabulary and special token ids, from its folder (config.json, generation_config.json
+    and the tokenizer's files) when the card's root is a folder on this host."""
+    root = Path(card["root"]) if card.get("root") else None
+    if root is None or not (root / "config.json").is_file():
+        return ModelFacts(None, None)
+    config = _json_file(root / "config.json")
+    configs = [config, config.get("text_config") or {}, _json_file(root / "generation_config.json")]
+    special = {token for raw in configs for key in ("eos_token_id", "bos_token_id", "pad_token_id")
+               for token in _ids(raw.get(key))}
+    added = _json_file(root / "tokenizer.json").get("added_tokens") or []
+    special |= {token["id"] for token in added if isinstance(token, dict) and token.get("special")
+                and isinstance(token.get("id"), int)}
+    decoder = _json_file(root / "tokenizer_config.json").get("added_tokens_decoder") or {}
+    special |= {int(key) for key, token in decoder.items()
+                if key.isdigit() and isinstance(token, dict) and token.get("special")}
+    vocab = config.get("vocab_size") or (config.get("text_config") or {}).get("vocab_size")
+    return ModelFacts(vocab if isinstance(vocab, int) else None, frozenset(special))
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -52,11 +84,16 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def flags_of(run: int, reply: Reply, floor: float | None, tol: float) -> list[Flag]:
+def flags_of(run: int, reply: Reply, floor: float | None, tol: float,
+             special_ids: frozenset[int] | None = None) -> list[Flag]:
+    """The tokens that look like all-zero rows: token id 0 where it is an ordinary token (seed 003's rule; a model
+    whose EOS or padding is id 0 emits it legitimately, the more so under ignore_eos), and any token at -ln(vocab)
+    (a uniform distribution, whatever the token). `special_ids` None: unknown, id 0 is taken as ordinary."""
     found = []
+    zero_is_ordinary = special_ids is None or 0 not in special_ids
     for position, token in enumerate(reply.token_ids):
         logprob = reply.logprobs[position] if position < len(reply.logprobs) else None
-        if token == 0:
+        if token == 0 and zero_is_ordinary:
             found.append(Flag(run, position, token, logprob, "token id 0"))
         elif floor is not None and logprob is not None and logprob <= floor + tol:
             found.append(Flag(run, position, token, logprob, f"logprob {logprob:.3f} ~ -ln(vocab) {floor:.3f}"))
@@ -69,10 +106,35 @@ async def _repeat(server: Server, payloads: list[dict], repeats: int) -> list[li
                 for payload in payloads]
 
 
+def _limits(floor: float | None, special_ids: frozenset[int] | None) -> list[str]:
+    """What the judgement could not check, or checked differently, for this model."""
+    notes = []
+    if floor is None:
+        notes.append("vocab size unknown (pass --vocab-size): only token id 0 was checked, not -ln(vocab)")
+    if special_ids is None:
+        notes.append("special tokens unknown (the model folder is not on this host): token id 0 was flagged as an "
+                     "ordinary token; if it is the model's EOS, run the probe where the folder is")
+    elif 0 in special_ids:
+        notes.append("token id 0 is one of the model's special tokens (EOS, padding or added): not flagged by id, "
+                     "only at -ln(vocab)")
+    return notes
+
+
+def _verdict(suspect: bool, failed: list[str], requests: int, answered: bool) -> str:
+    # A failed request is a failure, never evidence of corruption: only answers that came back are judged.
+    if suspect:
+        return "CORRUPTION SUSPECTED"
+    if failed:
+        return (f"NOT JUDGED: {len(failed)} of {requests} requests failed ({failed[0]})" if answered
+                else f"NOT JUDGED: every request failed ({failed[0]})")
+    return "clean: all runs identical, nothing flagged"
+
+
 def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
              profile: str | None, package: Path | None) -> Result:
     card = server.check_model()
-    vocab = vocab_size or vocab_size_of(card)
+    facts = model_facts(card)
+    vocab = vocab_size or facts.vocab_size
     floor = -math.log(vocab) if vocab else None
     params = {"max_tokens": max_tokens, "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True,
               "ignore_eos": True}
@@ -86,7 +148,7 @@ def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, 
     for index, replies in enumerate(batches):
         reference = next((reply.token_ids for reply in replies if reply.ok), [])
         for run, reply in enumerate(replies):
-            found = flags_of(run, reply, floor, tol) if reply.ok else []
+            found = flags_of(run, reply, floor, tol, facts.special_ids) if reply.ok else []
             flags.extend((index, flag) for flag in found)
             diverge = first_difference(reference, reply.token_ids) if reply.ok else None
             rows.append({"prompt": index, "run": run, "ok": reply.ok, "error": reply.error or "",
@@ -101,27 +163,20 @@ def run_bang(server: Server, prompts: list[str], max_tokens: int, repeats: int, 
             notes.append(f"prompt {index}: only {len(reference)} of {max_tokens} tokens came back")
     notes = [f"prompt {i} run {f.run} position {f.position}: token {f.token_id}, {f.why}"
              for i, f in flags[:20]] + notes
-    if floor is None:
-        notes.append("vocab size unknown (pass --vocab-size): only token id 0 was checked, not -ln(vocab)")
+    notes.extend(_limits(floor, facts.special_ids))
     divergent = sum(row["first_difference"] is not None for row in rows)
     failed = [row["error"] for row in rows if not row["ok"]]
     suspect = bool(flags or divergent)
     clean = not suspect and not failed and bool(samples)
-    # A failed request is a failure, never evidence of corruption: only answers that came back are judged.
-    if suspect:
-        verdict = "CORRUPTION SUSPECTED"
-    elif failed:
-        verdict = (f"NOT JUDGED: {len(failed)} of {len(rows)} requests failed ({failed[0]})" if samples
-                   else f"NOT JUDGED: every request failed ({failed[0]})")
-    else:
-        verdict = "clean: all runs identical, nothing flagged"
-    notes.insert(0, verdict)
+    notes.insert(0, _verdict(suspect, failed, len(rows), bool(samples)))
     notes[1:1] = failure_notes(failed)
     metrics = {"clean": Metric(value=float(clean), better="higher"),
                "flagged_tokens": Metric(value=len(flags), better="lower"),
                "divergent_runs": Metric(value=divergent, better="lower"),
                "failed": Metric(value=len(failed), better="lower")}
+    specials = sorted(facts.special_ids) if facts.special_ids is not None else None
     params = {**params, "repeats": repeats, "vocab_size": vocab, "logprob_floor": floor, "tol": tol,
+              "special_ids": specials,
               "prompt_sha256": [hashlib.sha256(prompt.encode()).hexdigest()[:16] for prompt in prompts]}
     return Result(kind="bang", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
                   notes=notes, samples=samples)

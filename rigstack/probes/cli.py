@@ -10,9 +10,11 @@ from typing import Annotated
 
 import typer
 
-from rigstack.client import Endpoint, Server, api_key_from_env
+from rigstack.client import Server
+from rigstack.endpoint import Endpoint, api_key_from_env
 from rigstack.errors import UserError
 from rigstack.probes.results import Result, redacted, write_result
+from rigstack.probes.streak import STOP_AFTER
 
 # The repository's results/ folder (git-ignored): a probe run never litters the working tree.
 RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
@@ -27,8 +29,13 @@ Package = Annotated[Path | None, typer.Option(
     "--package", help="the vllm package the server runs, for the stack hash (default: the importable vllm when "
                       "the server is local)")]
 Timeout = Annotated[float, typer.Option("--timeout", help="seconds per request (a deadline for the whole answer)")]
+StopAfter = Annotated[int, typer.Option("--stop-after-failures", min=0, help="stop a workload (or level) after this "
+                                        "many failed requests in a row; 0 sends every request")]
 Out = Annotated[Path | None, typer.Option(help="result stem: writes OUT.json, OUT.csv (and OUT.png for sweeps); "
                                                "default results/KIND-<UTC time> in the repository")]
+Fleet = Annotated[str | None, typer.Option(
+    "--fleet", help="the fleet whose gateway --url is: the server-side counters, /version and /tokenize are read from "
+                    "the engines that serve --model")]
 
 
 @dataclass(frozen=True)
@@ -39,9 +46,14 @@ class Target:
     profile: str | None = None
     package: Path | None = None
     timeout_s: float = 600.0
+    stop_after: int = STOP_AFTER  # failed requests in a row that end a workload (rigstack.probes.streak)
+    fleet: str | None = None
 
     def server(self) -> Server:
-        return Server(Endpoint(self.url, self.model, api_key_from_env(self.api_key_env)), self.timeout_s)
+        from rigstack.fleets import engine_urls, load_fleet  # only probes of a fleet read one
+
+        engines = engine_urls(load_fleet(self.fleet), self.model) if self.fleet else ()
+        return Server(Endpoint(self.url, self.model, api_key_from_env(self.api_key_env)), self.timeout_s, engines)
 
 
 def default_out(kind: str, out: Path | None) -> Path:

@@ -20,6 +20,7 @@ from rigstack.errors import UserError
 from rigstack.probes import measure
 from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, mean, percentiles, provenance
+from rigstack.probes.streak import STOP_AFTER, Streak, stopped_note
 
 CHAT = "/v1/chat/completions"
 
@@ -27,12 +28,18 @@ CHAT = "/v1/chat/completions"
 class _Level:
     """What one sweep level (or rate) collected."""
 
-    def __init__(self) -> None:
+    def __init__(self, planned: int = 0, stop_after: int = STOP_AFTER) -> None:
+        self.planned = planned
+        self.streak = Streak(stop_after)  # failures in a row, in the order the replies came back
         self.replies: list[Reply] = []
         self.samples: list[tuple[float, float]] = []  # (perf_counter, generation-token counter)
         self.counters: list[dict[str, float]] = []  # every counter, at the first and the latest sample
         self.start = 0.0
         self.end = 0.0
+
+    def add(self, reply: Reply) -> None:
+        self.replies.append(reply)
+        self.streak.record(reply.ok)
 
 
 async def _sample_counter(server: Server, session: httpx.AsyncClient, level: _Level, interval_s: float,
@@ -86,6 +93,8 @@ def _row(label: str, value: float, level: _Level, streams: int | None) -> dict:
     # A burst voids everything timed by chunk arrivals; otherwise each number is checked on its own.
     burst = measure.burst(gaps, server)
     refuted = {
+        # A held stream's first chunk arrives with its last: the client's TTFT is then its E2E.
+        "TTFT": burst or measure.ttft_disagreement(mean([t.ttft for t in ok if t.ttft is not None]), server),
         "ITL": burst,
         "TPOT": burst or measure.disagreement("TPOT", measure.ms(tpot), measure.ms(server.tpot_s), "ms"),
         "per-stream tok/s": burst or measure.disagreement("per-stream decode", per_stream, server.decode_tok_s,
@@ -99,7 +108,7 @@ def _row(label: str, value: float, level: _Level, streams: int | None) -> dict:
     row["client_timing"] = measure.client_timing("; ".join(dict.fromkeys(why for why in refuted.values() if why)),
                                                  server)
     row["not_measured"] = ", ".join(name for name, why in refuted.items() if why)
-    for name, values, why in (("ttft_ms", [t.ttft for t in ok], None),
+    for name, values, why in (("ttft_ms", [t.ttft for t in ok], refuted["TTFT"]),
                               ("tpot_ms", [t.tpot for t in ok], refuted["TPOT"]),
                               ("itl_ms", gaps, refuted["ITL"]), ("e2e_ms", [t.e2e for t in ok], None)):
         for point, number in percentiles([1000 * v for v in values if v is not None]).items():
@@ -117,13 +126,15 @@ def _row(label: str, value: float, level: _Level, streams: int | None) -> dict:
 
 
 async def _closed_level(server: Server, session: httpx.AsyncClient, streams: int, requests: int,
-                        payloads: list[dict], interval_s: float) -> _Level:
-    level, stop = _Level(), asyncio.Event()
+                        payloads: list[dict], interval_s: float, stop_after: int) -> _Level:
+    level, stop = _Level(requests, stop_after), asyncio.Event()
     queue = iter(range(requests))
 
     async def stream() -> None:
         for index in queue:  # shared iterator: each stream takes the next request when its last one ends
-            level.replies.append(await server.request(session, CHAT, payloads[index % len(payloads)]))
+            if level.streak.over:
+                return
+            level.add(await server.request(session, CHAT, payloads[index % len(payloads)]))
 
     primed = asyncio.Event()
     sampler = asyncio.create_task(_sample_counter(server, session, level, interval_s, stop, primed))
@@ -137,12 +148,13 @@ async def _closed_level(server: Server, session: httpx.AsyncClient, streams: int
 
 
 async def _open_level(server: Server, session: httpx.AsyncClient, rate: float, requests: int, payloads: list[dict],
-                      interval_s: float, seed: int) -> _Level:
-    level, stop, rng = _Level(), asyncio.Event(), random.Random(seed)
+                      interval_s: float, seed: int, stop_after: int) -> _Level:
+    level, stop, rng = _Level(requests, stop_after), asyncio.Event(), random.Random(seed)
 
     async def one(index: int, delay: float) -> None:
         await asyncio.sleep(delay)
-        level.replies.append(await server.request(session, CHAT, payloads[index % len(payloads)]))
+        if not level.streak.over:  # arrivals after N failures in a row are not sent
+            level.add(await server.request(session, CHAT, payloads[index % len(payloads)]))
 
     arrivals, clock = [], 0.0
     for _ in range(requests):  # Poisson process: exponential gaps, seeded so reruns send the same schedule
@@ -160,24 +172,32 @@ async def _open_level(server: Server, session: httpx.AsyncClient, rate: float, r
 
 
 async def _run(server: Server, levels: list[int], rates: list[float], requests: int, payloads: list[dict],
-               interval_s: float, seed: int, warmup: int) -> list[tuple[bool, float, _Level]]:
+               interval_s: float, seed: int, warmup: int, stop_after: int) -> list[tuple[bool, float, _Level]]:
     width = max(levels or [1]) + 2 if not rates else 1024
     async with server.session(connections=width) as session:
         for _ in range(warmup):
             await server.request(session, CHAT, payloads[0])
         done = []
         for streams in levels:
-            level = await _closed_level(server, session, streams, requests or streams * 4, payloads, interval_s)
+            level = await _closed_level(server, session, streams, requests or streams * 4, payloads, interval_s,
+                                        stop_after)
             done.append((True, streams, level))
         for rate in rates:
-            level = await _open_level(server, session, rate, requests or 32, payloads, interval_s, seed)
+            level = await _open_level(server, session, rate, requests or 32, payloads, interval_s, seed, stop_after)
             done.append((False, rate, level))
         return done
 
 
+# A level's row fields that become its metrics: which way is better, and the unit.
+LEVEL_METRICS = (("aggregate_tok_s", "higher", "tok/s"), ("steady_tok_s", "higher", "tok/s"),
+                 ("per_stream_tok_s", "higher", "tok/s"), ("server_per_stream_tok_s", "higher", "tok/s"),
+                 ("ttft_ms_p50", "lower", "ms"), ("tpot_ms_p50", "lower", "ms"), ("server_tpot_ms", "lower", "ms"),
+                 ("failed", "lower", ""))
+
+
 def run_conc(server: Server, levels: list[int], rates: list[float], requests: int, workload: str, max_tokens: int,
              fixed: measure.FixedLength, interval_s: float, seed: int, warmup: int, profile: str | None,
-             package: Path | None) -> Result:
+             package: Path | None, stop_after: int = STOP_AFTER) -> Result:
     """levels: closed-loop stream counts; rates: open-loop requests/s. requests: per level (0 = 4 per stream)."""
     card = server.check_model()
     prompts = measure.workload_prompts([workload])[workload]
@@ -190,29 +210,26 @@ def run_conc(server: Server, levels: list[int], rates: list[float], requests: in
 
     used = asyncio.run(resolve())
     payloads = [measure.chat_payload(prompt, max_tokens, used) for prompt in prompts]
-    done = asyncio.run(_run(server, levels, rates, requests, payloads, interval_s, seed, warmup))
+    done = asyncio.run(_run(server, levels, rates, requests, payloads, interval_s, seed, warmup, stop_after))
     rows, metrics, errors = [], {}, []
     for closed, value, level in done:
         key = f"c{int(value)}" if closed else f"r{value:g}"
         row = {"level": key, **_row("concurrency" if closed else "rate", value, level, int(value) if closed else None),
-               "mode": "closed" if closed else "open"}
+               "mode": "closed" if closed else "open", "not_sent": level.planned - len(level.replies)}
         rows.append(row)
         errors += [reply.error for reply in level.replies if not reply.ok]
-        metrics[f"{key}.aggregate_tok_s"] = Metric(value=row["aggregate_tok_s"], better="higher", unit="tok/s")
-        metrics[f"{key}.steady_tok_s"] = Metric(value=row["steady_tok_s"], better="higher", unit="tok/s")
-        metrics[f"{key}.per_stream_tok_s"] = Metric(value=row["per_stream_tok_s"], better="higher", unit="tok/s")
-        metrics[f"{key}.server_per_stream_tok_s"] = Metric(value=row["server_per_stream_tok_s"], better="higher",
-                                                           unit="tok/s")
-        metrics[f"{key}.ttft_ms_p50"] = Metric(value=row["ttft_ms_p50"], better="lower", unit="ms")
-        metrics[f"{key}.tpot_ms_p50"] = Metric(value=row["tpot_ms_p50"], better="lower", unit="ms")
-        metrics[f"{key}.server_tpot_ms"] = Metric(value=row["server_tpot_ms"], better="lower", unit="ms")
-        metrics[f"{key}.failed"] = Metric(value=row["failed"], better="lower")
+        metrics |= {f"{key}.{name}": Metric(value=row[name], better=better, unit=unit)
+                    for name, better, unit in LEVEL_METRICS}
     notes = failure_notes(errors)
+    notes += [stopped_note(f"level {row['level']}", stop_after, row["not_sent"], row["requests"] + row["not_sent"])
+              for row in rows if row["not_sent"]]
     for row in rows:
         if row["ok"] and row["not_measured"]:
             notes.append(f"{row['level']}: {row['not_measured']} not measured on the client: {row['client_timing']}"
                          + (f"; the server's own TPOT is {row['server_tpot_ms']:.4g} ms, per-stream "
-                            f"{row['server_per_stream_tok_s']:.4g} tok/s" if row["server_per_stream_tok_s"] else ""))
+                            f"{row['server_per_stream_tok_s']:.4g} tok/s" if row["server_per_stream_tok_s"] else "")
+                         + (f"; the server's own TTFT is {row['server_ttft_ms']:.4g} ms"
+                            if "TTFT" in row["not_measured"] and row["server_ttft_ms"] is not None else ""))
     if any(row["server_tokens"] is None for row in rows):
         notes.append("no vllm:generation_tokens counter in /metrics: server-side and steady-state numbers missing")
     else:
@@ -225,7 +242,7 @@ def run_conc(server: Server, levels: list[int], rates: list[float], requests: in
         notes.append(measure.NO_TIMERS)
     params = {**measure.request_params(payloads[0]), "fixed_length": used, "levels": levels, "rates": rates,
               "requests_per_level": requests, "workload": workload, "metrics_interval_s": interval_s, "seed": seed,
-              "warmup": warmup}
+              "warmup": warmup, "stop_after_failures": stop_after}
     return Result(kind="conc", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
                   notes=notes)
 
@@ -276,7 +293,7 @@ def main(target: Target, levels: str, rates: str, requests: int, workload: str, 
     level_list = parse_list(levels or ("" if rate_list else "1,2,4,8"), int, "--levels")
     server = target.server()
     result = run_conc(server, level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
-                      warmup, target.profile, target.package)
+                      warmup, target.profile, target.package, target.stop_after)
     show(publish(result, default_out("conc", out), server, plot_conc))
     dead = [row for row in result.rows if not row["ok"]]
     return fail_if_unmeasured([row["level"] for row in dead], dead[0]["first_error"] if dead else None)

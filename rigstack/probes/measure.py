@@ -78,8 +78,11 @@ async def resolve_fixed_length(server: Server, session: httpx.AsyncClient, fixed
         reply = await server.request(session, "/v1/chat/completions", payload)
         if reply.ok:
             return choice  # type: ignore[return-value]
-        if reply.status is None:
+        if reply.unreachable:
             raise UserError(f"cannot reach {server.endpoint.base}: {reply.error}; {START_HINT}")
+        if reply.status is None:  # it took the request and then went silent, or broke off: up, but not answering
+            raise UserError(f"{server.endpoint.base} took the request but gave no answer: {reply.error}; is it "
+                            "overloaded or stuck? Raise --timeout, or restart it")
     return "none"
 
 
@@ -168,6 +171,7 @@ class ServerTimes:
     tpot_s: float | None  # mean over requests of decode time / (tokens - 1)
     ttft_s: float | None
     decode_tok_s: float | None  # one stream's decode rate: decoded tokens (first excluded) / decode time
+    decode_s: float | None = None  # mean decode time of a request (first token to last)
 
     @property
     def timed(self) -> bool:
@@ -189,7 +193,7 @@ def server_times(before: dict[str, float] | None, after: dict[str, float] | None
     decode_tok_s = (tokens - requests) / decode_s if decode_s and requests and tokens is not None else None
     return ServerTimes(tokens=tokens, step_s=_histogram_mean(before, after, STEP),
                        tpot_s=_histogram_mean(before, after, TPOT), ttft_s=_histogram_mean(before, after, TTFT),
-                       decode_tok_s=decode_tok_s)
+                       decode_tok_s=decode_tok_s, decode_s=decode_s / requests if decode_s and requests else None)
 
 
 def burst(gaps: list[float], server: ServerTimes) -> str | None:
@@ -208,6 +212,24 @@ def disagreement(name: str, client: float | None, server: float | None, unit: st
     if client is None or server is None or abs(client - server) <= AGREE_WITHIN * abs(server):
         return None
     return f"{name} {client:.4g} {unit} on the client's clock, {server:.4g} {unit} on the server's"
+
+
+def ttft_disagreement(client_s: float | None, server: ServerTimes) -> str | None:
+    """Why the client's mean TTFT is refuted by the server's counters (vLLM's time_to_first_token and decode-time
+    histograms), or None: its first chunk came later than the server's TTFT and whole decode together, so the
+    stream was held. A smaller excess is the HTTP path and the chat template, which the client does wait for."""
+    if client_s is None or server.ttft_s is None or server.decode_s is None:
+        return None
+    if client_s <= server.ttft_s + server.decode_s:
+        return None
+    return (f"TTFT {1000 * client_s:.4g} ms on the client's clock, later than the server's own TTFT "
+            f"{1000 * server.ttft_s:.4g} ms and whole decode {1000 * server.decode_s:.4g} ms: the first chunk was held")
+
+
+def ttft_note(label: str, why: str, server_ms: float | None) -> str:
+    """The note for a TTFT not measured on the client, with the server's own where it has one."""
+    return (f"{label}: TTFT not measured on the client: {why}"
+            + (f"; the server's own TTFT is {server_ms:.4g} ms" if server_ms is not None else ""))
 
 
 def shortfall(name: str, client: float | None, floor: float | None, unit: str) -> str | None:

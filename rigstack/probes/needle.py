@@ -15,6 +15,7 @@ from rigstack.errors import UserError
 from rigstack.probes import measure
 from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
 from rigstack.probes.results import Metric, Result, failure_notes, provenance
+from rigstack.probes.streak import STOP_AFTER, Streak, stopped_note
 
 # Bland, varied filler: the needle must not be the only sentence with a number in it.
 FILLER = (
@@ -69,8 +70,24 @@ def _cell(server: Server, length: int, depth: float, sentence_tokens: float, ove
     return row
 
 
+def _cells(server: Server, lengths: list[int], depths: list[float], sentence_tokens: float, overhead: int,
+           max_model_len: int | None, seed: int, stop_after: int) -> list[dict]:
+    """Every cell in order; after `stop_after` errors in a row the rest are "not-sent" (each could cost --timeout)."""
+    rows, streak = [], Streak(stop_after)
+    for length in lengths:
+        for depth in depths:
+            if streak.over:
+                rows.append({"length": length, "depth": depth, "code": "", "prompt_tokens": None,
+                             "status": "not-sent", "answer": ""})
+                continue
+            rows.append(_cell(server, length, depth, sentence_tokens, overhead, max_model_len, seed))
+            if rows[-1]["status"] != "skipped":
+                streak.record(rows[-1]["status"] != "error")
+    return rows
+
+
 def run_needle(server: Server, lengths: list[int], depths: list[float], seed: int, profile: str | None,
-               package: Path | None) -> Result:
+               package: Path | None, stop_after: int = STOP_AFTER) -> Result:
     card = server.check_model()
     bad = [d for d in depths if not 0.0 <= d <= 1.0]
     if bad:
@@ -87,8 +104,7 @@ def run_needle(server: Server, lengths: list[int], depths: list[float], seed: in
     sentence_tokens = (counted or len(sample) / 4) / len(FILLER)
     extra = NEEDLE.format(place=PLACES[0], code="123456") + QUESTION.format(place=PLACES[0])
     overhead = (server.tokenize(extra) or len(extra) // 4) + TEMPLATE_TOKENS
-    rows = [_cell(server, length, depth, sentence_tokens, overhead, max_model_len, seed) for length in lengths
-            for depth in depths]
+    rows = _cells(server, lengths, depths, sentence_tokens, overhead, max_model_len, seed, stop_after)
     passed = sum(row["status"] == "pass" for row in rows)
     tried = sum(row["status"] in ("pass", "fail", "error") for row in rows)
     metrics = {"passed": Metric(value=passed, better="higher"), "tried": Metric(value=tried, better="equal"),
@@ -98,10 +114,13 @@ def run_needle(server: Server, lengths: list[int], depths: list[float], seed: in
         notes.append(f"lengths {', '.join(map(str, too_long))} skipped: they do not fit the server's max_model_len "
                      f"{max_model_len} (plus {ANSWER_TOKENS} answer tokens)")
     notes += failure_notes(row["answer"] for row in rows if row["status"] == "error")
+    not_sent = sum(row["status"] == "not-sent" for row in rows)
+    if not_sent:
+        notes.append(stopped_note("the needle grid", stop_after, not_sent, tried + not_sent))
     if counted is None:
         notes.append("server has no /tokenize: lengths estimated at 4 characters per token")
     params = {"lengths": lengths, "depths": depths, "seed": seed, "max_tokens": ANSWER_TOKENS, "temperature": 0.0,
-              "sentence_tokens": sentence_tokens}
+              "sentence_tokens": sentence_tokens, "stop_after_failures": stop_after}
     return Result(kind="needle", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
                   notes=notes)
 
@@ -115,7 +134,7 @@ def plot_needle(result: Result, path: Path) -> None:
 
     lengths = sorted({row["length"] for row in result.rows})
     depths = sorted({row["depth"] for row in result.rows})
-    code = {"pass": 2, "fail": 1, "error": 0, "skipped": -1}
+    code = {"pass": 2, "fail": 1, "error": 0, "skipped": -1, "not-sent": -1}
     grid = [[-1] * len(lengths) for _ in depths]
     for row in result.rows:
         grid[depths.index(row["depth"])][lengths.index(row["length"])] = code[row["status"]]
@@ -125,7 +144,7 @@ def plot_needle(result: Result, path: Path) -> None:
     ax.set_xticks(range(len(lengths)), [str(length) for length in lengths])
     ax.set_yticks(range(len(depths)), [f"{depth:.0%}" for depth in depths])
     ax.set(xlabel="context length (tokens)", ylabel="needle depth",
-           title="green pass, red fail, dark error, grey skipped")
+           title="green pass, red fail, dark error, grey skipped or not sent")
     fig.tight_layout()
     fig.savefig(path, format="png", dpi=100)
     plt.close(fig)
@@ -134,8 +153,8 @@ def plot_needle(result: Result, path: Path) -> None:
 def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path | None,
          show: Show) -> int:
     server = target.server()
-    result = run_needle(server, lengths, depths, seed, target.profile, target.package)
+    result = run_needle(server, lengths, depths, seed, target.profile, target.package, target.stop_after)
     show(publish(result, default_out("needle", out), server, plot_needle))
-    tried = [row for row in result.rows if row["status"] != "skipped"]
+    tried = [row for row in result.rows if row["status"] not in ("skipped", "not-sent")]
     dead = bool(tried) and all(row["status"] == "error" for row in tried)
     return fail_if_unmeasured(["the needle grid"] if dead else [], tried[0]["answer"] if dead else None)

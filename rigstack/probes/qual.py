@@ -18,8 +18,9 @@ from typing import Any
 
 from rigstack.client import Reply, Server
 from rigstack.probes import measure
-from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish
+from rigstack.probes.cli import Show, Target, default_out, fail_if_unmeasured, publish, requests_failed
 from rigstack.probes.results import Metric, Result, failure_notes, provenance
+from rigstack.probes.streak import STOP_AFTER, Streak, stopped_note
 
 Check = Callable[[Reply], str | None]  # None = pass, else why it failed
 
@@ -176,16 +177,27 @@ ITEMS: tuple[Item, ...] = (
 )
 
 
-async def _ask_all(server: Server, items: tuple[Item, ...], max_tokens: int) -> list[Reply]:
+NOT_SENT = "not sent: the requests before it failed"
+
+
+async def _ask_all(server: Server, items: tuple[Item, ...], max_tokens: int, stop_after: int) -> list[Reply]:
+    """The items' replies in order; after `stop_after` failures in a row the rest are not sent (fewer replies)."""
+    replies, streak = [], Streak(stop_after)
     async with server.session(connections=1) as session:
-        return [await server.request(session, "/v1/chat/completions",
-                                     {"temperature": 0.0, "max_tokens": max_tokens, **item.payload})
-                for item in items]
+        for item in items:
+            if streak.over:
+                break
+            replies.append(await server.request(session, "/v1/chat/completions",
+                                                {"temperature": 0.0, "max_tokens": max_tokens, **item.payload}))
+            streak.record(replies[-1].ok)
+    return replies
 
 
 def score(items: tuple[Item, ...], replies: list[Reply]) -> list[dict[str, Any]]:
+    """One row per item; an item past the replies was not sent."""
     rows = []
-    for item, reply in zip(items, replies):
+    for index, item in enumerate(items):
+        reply = replies[index] if index < len(replies) else Reply(sent=0.0, error=NOT_SENT)
         why = reply.error if not reply.ok else item.check(reply)
         rows.append({"item": item.name, "group": item.group, "answered": reply.ok, "pass": why is None,
                      "why": why or "",
@@ -195,27 +207,33 @@ def score(items: tuple[Item, ...], replies: list[Reply]) -> list[dict[str, Any]]
 
 
 def run_qual(server: Server, groups: list[str], max_tokens: int, profile: str | None,
-             package: Path | None) -> Result:
+             package: Path | None, stop_after: int = STOP_AFTER) -> Result:
     card = server.check_model()
     items = tuple(item for item in ITEMS if not groups or item.group in groups)
     measure.check_fits(server, card, max_tokens, [item.payload for item in items])
-    replies = asyncio.run(_ask_all(server, items, max_tokens))
+    replies = asyncio.run(_ask_all(server, items, max_tokens, stop_after))
     rows = score(items, replies)
     passed = sum(row["pass"] for row in rows)
     metrics = {"passed": Metric(value=passed, better="higher"), "items": Metric(value=len(rows), better="equal")}
     for group in sorted({item.group for item in items}):
         metrics[f"{group}.passed"] = Metric(value=sum(r["pass"] for r in rows if r["group"] == group),
                                             better="higher")
-    params = {"temperature": 0.0, "max_tokens": max_tokens, "groups": groups or "all"}
+    params = {"temperature": 0.0, "max_tokens": max_tokens, "groups": groups or "all",
+              "stop_after_failures": stop_after}
     notes = [f"{passed} of {len(rows)} items passed", *failure_notes(r.error for r in replies if not r.ok)]
+    if len(replies) < len(items):
+        notes.append(stopped_note("the quality items", stop_after, len(items) - len(replies), len(items)))
     return Result(kind="qual", provenance=provenance(server, profile, package, params), metrics=metrics, rows=rows,
                   notes=notes)
 
 
 def main(target: Target, groups: list[str], max_tokens: int, out: Path | None, show: Show) -> int:
     server = target.server()
-    result = run_qual(server, groups, max_tokens, target.profile, target.package)
+    result = run_qual(server, groups, max_tokens, target.profile, target.package, target.stop_after)
     show(publish(result, default_out("qual", out), server))
     failed = [row for row in result.rows if not row["answered"]]
-    dead = bool(failed) and len(failed) == len(result.rows)
-    return fail_if_unmeasured(["the quality items"] if dead else [], failed[0]["why"] if dead else None)
+    if failed and len(failed) < len(result.rows):  # each item is one measurement: an unanswered one measured nothing
+        names = ", ".join(row["item"] for row in failed)
+        raise requests_failed(f"{len(failed)} of the {len(result.rows)} quality items got no answer ({names})",
+                              failed[0]["why"])
+    return fail_if_unmeasured(["the quality items"] if failed else [], failed[0]["why"] if failed else None)

@@ -9,10 +9,13 @@ import csv
 import importlib.util
 import io
 import json
+import os
 import platform
+import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, UTC
 from pathlib import Path
 from typing import Any, Literal
@@ -22,8 +25,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 import rigstack
 from rigstack.atomic import replacing, write_atomic
-from rigstack.client import Endpoint, Server, redact
+from rigstack.client import Server
+from rigstack.endpoint import Endpoint, redact
 from rigstack.errors import UserError
+from rigstack.serving.process import running
+from rigstack.serving.runrecord import DEFAULT_RUN_DIR, RECORD_NAME, RunRecord
 from rigstack.stamp import Stamp, read_stamp
 
 SCHEMA_VERSION = 1
@@ -54,6 +60,8 @@ class Provenance(BaseModel):
     python: str = platform.python_version()
     host: str = platform.node()
     argv: tuple[str, ...] = ()
+    # Why package, stack_hash, patches or profile are unknown, when they are (never null without a reason).
+    note: str | None = None
     # The exact request parameters every timed request used (minus prompts), so a rerun can match them.
     params: dict[str, Any] = Field(default_factory=dict)
 
@@ -85,26 +93,84 @@ def find_package(package: Path | None, url: str) -> Path | None:
     return Path(spec.origin).parent if spec and spec.origin else None
 
 
-def served_package(package: Path | None, url: str) -> tuple[str | None, Stamp | None]:
-    """Where the served package is, and its stamp: inside the container that publishes the url's port on this
-    host (a docker profile), else --package or the importable one."""
-    if package is None and urlparse(url if "://" in url else f"http://{url}").hostname in LOCAL_HOSTS:
-        from rigstack.images import container_stamp  # the docker SDK only when a server is local
+@dataclass(frozen=True)
+class Served:
+    """What runs behind the url: where its vllm package is, the package's stamp, the profile, and why any is
+    unknown."""
+    package: str | None
+    stamp: Stamp | None
+    profile: str | None = None
+    note: str | None = None
+
+
+def serving_record(url: str, root: Path = DEFAULT_RUN_DIR) -> RunRecord | None:
+    """The live record, anywhere under root (the launcher's run folders), of the server on this host that holds
+    url's port; None when rigstack did not start it there."""
+    port = urlparse(url).port
+    for path in sorted(root.rglob(RECORD_NAME)) if root.is_dir() else ():
+        try:
+            record = running(path.parent)
+        except UserError:  # an unreadable record elsewhere is not this server's
+            continue
+        if record is not None and record.container is None and urlparse(record.url).port == port:
+            return record
+    return None
+
+
+def recorded_package(record: RunRecord) -> Path | None:
+    """The vllm package a server the launcher started imports: asked of its own interpreter (argv[0], with the
+    record's env), which finds it without importing it."""
+    code = "import importlib.util as u; s = u.find_spec('vllm'); print(s.origin if s and s.origin else '')"
+    try:
+        done = subprocess.run([record.argv[0], "-c", code], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **record.env}, check=True)
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+    origin = done.stdout.strip()
+    return Path(origin).parent if origin else None
+
+
+def _stamped(where: str, stamp: Stamp | None, profile: str | None = None) -> Served:
+    note = None if stamp else f"{where} has no rigstack stamp (not patched by apply.py): stack_hash and patches unknown"
+    return Served(where, stamp, profile, note)
+
+
+def served_package(package: Path | None, url: str) -> Served:
+    """What the server runs: the container that publishes the url's port on this host (a docker profile), else the
+    server the launcher started on that port (its run record: interpreter and profile), else --package or the
+    importable one."""
+    local = urlparse(url if "://" in url else f"http://{url}").hostname in LOCAL_HOSTS
+    if package is None and local:
+        from rigstack.rigimages import container_stamp  # the docker SDK only when a server is local
 
         inside = container_stamp(url)
         if inside is not None:
-            return inside
+            return _stamped(*inside)
+        record = serving_record(url)
+        if record is not None:
+            found = recorded_package(record)
+            if found is None:
+                return Served(None, None, record.profile, f"the server's interpreter {record.argv[0]} (run record "
+                              f"{record.log.rsplit('/', 1)[0]}) names no vllm package: stack_hash and patches unknown")
+            return _stamped(str(found), read_stamp(found), record.profile)
     found = find_package(package, url)
-    return (str(found) if found else None), (read_stamp(found) if found else None)
+    if found is not None:
+        return _stamped(str(found), read_stamp(found))
+    why = ("the server is not on this host" if not local else
+           "no run record of the launcher holds its port and this interpreter has no vllm")
+    return Served(None, None, None, f"{why}: package, stack_hash, patches and profile unknown; pass --package (and "
+                                    "--profile) to record them")
 
 
 def provenance(server: Server, profile: str | None, package: Path | None, params: dict[str, Any]) -> Provenance:
     endpoint: Endpoint = server.endpoint
-    where, stamp = served_package(package, endpoint.base)
-    return Provenance(url=endpoint.base, model=endpoint.model, profile=profile, server_version=server.version(),
-                      package=where, stack_hash=stamp.stack_hash if stamp else None,
-                      patches=stamp.patch_ids if stamp else (), vllm_version=stamp.vllm_version if stamp else None,
-                      argv=endpoint.redact(tuple(sys.argv)), params=params)
+    served = served_package(package, endpoint.base)
+    stamp = served.stamp
+    return Provenance(url=endpoint.base, model=endpoint.model, profile=profile or served.profile,
+                      server_version=server.version(), package=served.package,
+                      stack_hash=stamp.stack_hash if stamp else None, patches=stamp.patch_ids if stamp else (),
+                      vllm_version=stamp.vllm_version if stamp else None, argv=endpoint.redact(tuple(sys.argv)),
+                      params=params, note=served.note)
 
 
 def rows_csv(rows: list[dict[str, Any]]) -> str:

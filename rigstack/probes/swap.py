@@ -13,13 +13,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rigstack import launch, render
+from rigstack import render
 from rigstack.client import Server
 from rigstack.errors import UserError
 from rigstack.probes.bang import DEFAULT_PROMPT, failures, is_suspect, run_bang
 from rigstack.probes.cli import Published, Target, default_out, publish
 from rigstack.probes.results import Result
 from rigstack.profiles import load_profile, model_dir
+from rigstack.serving import events
+from rigstack.serving.process import stop
+from rigstack.serving.ready import launch
+from rigstack.serving.unit import format_command
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ class Verdict:
 
 
 # What a swap reports, in order: its plan, each boot's wait (launch's events), each result, the verdict.
-Event = Planned | launch.Event | Published | Verdict
+Event = Planned | events.Event | Published | Verdict
 OnEvent = Callable[[Event], None]
 
 
@@ -107,7 +111,7 @@ def describe(plan: SwapPlan, argv: list[str], env: dict[str, str], url: str) -> 
     for label, order in plan.orders:
         overlay = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": order}
         lines.append(f"{label}: start, wait for {url}, run the corruption probe, stop:\n"
-                     f"{launch.format_command(argv, overlay)}")
+                     f"{format_command(argv, overlay)}")
     lines.append("reading: a fault in the baseline that is gone once the suspect is swapped for a spare follows "
                  "the card")
     return lines
@@ -115,18 +119,18 @@ def describe(plan: SwapPlan, argv: list[str], env: dict[str, str], url: str) -> 
 
 def run_swap(plan: SwapPlan, argv: list[str], env: dict[str, str], server: Server, prompts: list[str],
              max_tokens: int, repeats: int, vocab_size: int | None, tol: float, ready_timeout_s: float,
-             run_root: Path, on_event: launch.OnEvent = launch.quiet) -> list[Result]:
+             run_root: Path, on_event: events.OnEvent = events.quiet) -> list[Result]:
     """Boot, probe and stop once per order; both probe results."""
     results = []
     for label, order in plan.orders:
         run_dir = run_root / f"swap-{label}"
         overlay = {**env, "CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": order}
-        launch.launch(argv, overlay, run_dir, url=server.endpoint.base, served_name=server.endpoint.model,
-                      timeout_s=ready_timeout_s, on_event=on_event)
+        launch(argv, overlay, run_dir, url=server.endpoint.base, served_name=server.endpoint.model,
+               timeout_s=ready_timeout_s, on_event=on_event)
         try:
             results.append(run_bang(server, prompts, max_tokens, repeats, vocab_size, tol, None, None))
         finally:
-            launch.stop(run_dir, on_event=on_event)
+            stop(run_dir, on_event=on_event)
     return results
 
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import sm8x_load
+from rigstack.bench import kernel_sources
 
 
 @pytest.fixture(scope="session")
 def _interp_modules():
-    return sm8x_load.load(interpret=True)
+    return kernel_sources.load(interpret=True)
 
 
 @pytest.fixture
@@ -22,4 +22,4 @@ def interp(_interp_modules, monkeypatch):
 @pytest.fixture(scope="session")
 def native():
     """The modules compiled for the GPU, plus the patched glm5next kpool module."""
-    return sm8x_load.load(interpret=False, with_kpool=True)
+    return kernel_sources.load(interpret=False, with_kpool=True)

@@ -154,9 +154,9 @@ def run(module: str, world: int) -> list[dict]:
 
 
 def main() -> int:
-    import sm8x_load
+    from rigstack.bench import kernel_sources
 
-    module = sm8x_load.load_host_collectives().host_collectives.__name__
+    module = kernel_sources.load_host_collectives().host_collectives.__name__
     for world in [int(w) for w in (sys.argv[1:] or ["2", "4"])]:
         for report in run(module, world):
             print(json.dumps(report), flush=True)

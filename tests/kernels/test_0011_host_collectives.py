@@ -15,12 +15,12 @@ import pytest
 import torch
 
 import hc_workers
-import sm8x_load
+from rigstack.bench import kernel_sources
 
 
 @pytest.fixture(scope="module")
 def hc():
-    return sm8x_load.load_host_collectives().host_collectives
+    return kernel_sources.load_host_collectives().host_collectives
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import sm8x_load
+from rigstack.bench import kernel_sources
 
 MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -19,12 +19,12 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
 
 @pytest.fixture(scope="module")
 def ko():
-    return sm8x_load.load_module(MODULE, interpret=True)
+    return kernel_sources.load_module(MODULE, interpret=True)
 
 
 @pytest.fixture(scope="module")
 def kn():
-    return sm8x_load.load_module(MODULE, interpret=False)
+    return kernel_sources.load_module(MODULE, interpret=False)
 
 
 def slot_map(n_experts: int, hot: list[int]) -> torch.Tensor:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import cond_copy
+from rigstack.bench import cond_copy
 
 _WHY = None if torch.cuda.is_available() else "needs a CUDA GPU"
 _WHY = _WHY or cond_copy.unavailable()

@@ -1,4 +1,4 @@
-"""The correctness parts of the offloaded MoE layer benchmark (tests/kernels/moe_layer_bench.py), on CPU.
+"""The correctness parts of the offloaded MoE layer benchmark (rigstack/bench/moe_layer.py), on CPU.
 
 The synthetic trace has the seed's shape (per layer the hottest 35% take 74%, summed over layers much flatter);
 hot sets, hit rates and the adaptive caches agree with hand-worked cases; and the offloaded layer step (patch
@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import moe_layer_bench as bench
-import sm8x_load
+from rigstack.bench import moe_layer as bench
+from rigstack.bench import kernel_sources
 
 MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def ko():
-    return sm8x_load.load_module(MODULE, interpret=True)
+    return kernel_sources.load_module(MODULE, interpret=True)
 
 
 def test_the_trace_is_concentrated_per_layer_and_flat_summed():

@@ -77,6 +77,7 @@ def _prefilled(scheduler: Any, count: int) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_cap_spreads_decodes_over_pp_microbatches(make_scheduler: Any) -> None:
     # PP=2 keeps two batches in flight: the engine schedules the second before the first returns.
     scheduler = make_scheduler("2", pp=2)

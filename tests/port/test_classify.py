@@ -9,8 +9,11 @@ import shutil
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from rigstack import port
-from rigstack.baseline import release_wheel, sha256_of
+from rigstack.baseline import sha256_of
+from rigstack.wheelindex import release_wheel
 from rigstack.cache import wheels_dir
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.classify import _hunk_bodies, _moved, _without_index
@@ -55,6 +58,7 @@ def test_a_file_gone_from_the_new_release_pairs_with_the_one_the_merge_wrote(tmp
 REGISTRY = "v1/attention/backends/registry.py"
 
 
+@pytest.mark.slow
 def test_real_releases_upstreamed_moved_conflict_and_clean(patch_maker: PatchMaker, tmp_path: Path) -> None:
     """Cases 0.33.0 really made: registry.py gained its entries, launchers/cli_args.py moved to common/, the
     glm47 parser's argument converter was rewritten, and fused_moe_router.py gained a block of four methods (a
@@ -126,7 +130,8 @@ def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: Patc
     stopped = port.port("start", load_pins(), to=REAL_NEW, **run)
     assert [entry.status for entry in stopped.state.patches] == ["clean", "upstreamed", "conflict"]
     assert f"it looks upstreamed: 10 of the 11 lines it adds (90%) are in vLLM {REAL_NEW}: if vLLM {REAL_NEW} does " \
-           "what the patch does, drop it with `python apply.py port --skip`, else edit " in stopped.error
+           f"what the patch does, drop it with `python apply.py port --skip --work {tmp_path / 'build'}`, else edit " \
+           in stopped.error
     assert stopped.instructions[0].startswith("it looks upstreamed: 10 of the 11 lines")
     done = port.port("skip", load_pins(), **run)
     needed, held, _ = done.state.patches

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
 
-from rigstack import port
+from rigstack import cli, main, port
 from rigstack.errors import UserError
 from testing.port import NEW, NEW_TREE, OLD, Pair
 from testing.port import statuses as _statuses
@@ -48,3 +50,20 @@ def test_abort_returns_to_the_state_before_the_port(pair: Pair) -> None:
     assert not Path(stopped.work).exists() and pair.snapshot() == before
     with pytest.raises(UserError, match="no port in progress"):
         pair.run("continue")
+
+
+@pytest.mark.parametrize("ran", ["rigstack", "apply.py"])
+def test_the_printed_commands_run_as_printed(pair: Pair, monkeypatch: pytest.MonkeyPatch, ran: str) -> None:
+    """Issue 29 item 9: a port's hints name the command the way the user ran it (`rigstack port` or `python apply.py
+    port`) with its --work, so `--skip` as printed, run from another folder, drops the patch (before: `python
+    apply.py port --skip` without --work, which looked in ./build: "no port in progress")."""
+    monkeypatch.setattr(sys, "argv", [str(pair.root / "venv" / "bin" / ran), "port"])
+    monkeypatch.chdir(pair.root / "old")  # no build/ here
+    prog = "rigstack" if ran == "rigstack" else "python apply.py"
+    stopped = pair.run("start")
+    skip = f"{prog} port --skip --work {pair.work}"
+    assert f"`{skip}` drops this patch (recorded as dropped)" in stopped.instructions
+    assert stopped.error.endswith(f"then `{prog} port --continue --work {pair.work}` (or --skip / --abort)")
+    assert cli.run(main.app, shlex.split(skip)[len(prog.split()):]) == 0
+    done = port._load(pair.work / f"port-{OLD}-to-{NEW}")
+    assert [entry.status for entry in done.patches][3] == "dropped" and done.status == "done"

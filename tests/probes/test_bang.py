@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from rigstack.client import Reply
-from rigstack.probes.bang import first_difference, flags_of
+from rigstack.probes.bang import ModelFacts, first_difference, flags_of, model_facts
 from testing.probes import last_line, run_script
 
 
@@ -25,6 +25,27 @@ def test_flags_token_zero_and_uniform_logprob() -> None:
                                                                          (3, 2, "logprob -11.946")]
     assert round(floor, 2) == -11.95
     assert flags_of(0, reply, None, 0.01)[0].position == 1 and len(flags_of(0, reply, None, 0.01)) == 1
+
+
+def test_token_zero_is_not_flagged_where_it_is_a_special_token() -> None:
+    """Issue 29: the tiny model's EOS is id 0 and bang sends ignore_eos, so id 0 is a legitimate answer there; a
+    uniform distribution is still the symptom, whatever the token."""
+    floor = -math.log(4106)
+    reply = Reply(sent=0.0, ok=True, token_ids=[5, 0, 0], logprobs=[-0.1, -2.0, floor + 0.004])
+    assert [(f.position, f.why.split(" ~")[0]) for f in flags_of(0, reply, floor, 0.01, frozenset({0, 4}))] == [
+        (2, "logprob -8.316")]
+    assert [f.position for f in flags_of(0, reply, floor, 0.01, frozenset({4}))] == [1, 2]
+
+
+def test_model_facts_read_the_special_tokens(tiny_model: Path, tmp_path: Path) -> None:
+    facts = model_facts({"root": str(tiny_model)})
+    assert facts.vocab_size == 4106
+    # eos 0 (config), 0/4/6 (generation_config's stop ids), the tokenizer's special turn markers 1-6; the tool tags
+    # (4096 on) are added but not special.
+    assert facts.special_ids == frozenset(range(7))
+    (tmp_path / "config.json").write_text('{"vocab_size": 10, "eos_token_id": [2, 3], "bos_token_id": 1}')
+    assert model_facts({"root": str(tmp_path)}) == ModelFacts(10, frozenset({1, 2, 3}))
+    assert model_facts({"root": str(tmp_path / "absent")}).special_ids is None
 
 
 def test_needs_token_ids(tmp_path: Path, fake_server) -> None:

@@ -75,3 +75,31 @@ def test_results_default_to_the_results_folder(tmp_path: Path, fake_server) -> N
     finally:
         for path in written:
             path.unlink(missing_ok=True)
+
+
+def test_behind_a_gateway_the_counters_are_the_models_engines(fake_server) -> None:
+    """A fleet's gateway has no vLLM counters: with `engines`, the server's counters are those engines' sums, read
+    by the sync and the async path alike (issue 30: the probes take the gateway's URL)."""
+    import asyncio
+
+    import httpx
+
+    from rigstack.client import Endpoint, Server
+
+    gateway, engines = fake_server(), (fake_server("--metrics"), fake_server("--metrics"))
+    for count, engine in zip((1, 2), engines):
+        for _ in range(count):
+            assert httpx.post(engine + "/v1/chat/completions", json={"model": "fake", "stream": True, "messages": [
+                {"role": "user", "content": "x"}]}, timeout=30).status_code == 200
+    alone = [Server(Endpoint(engine, "fake")).metrics() for engine in engines]
+    assert Server(Endpoint(gateway, "fake")).metrics() is None  # the gateway alone measures nothing
+    behind = Server(Endpoint(gateway, "fake"), engines=engines)
+    summed = behind.metrics()
+    assert summed == {name: alone[0][name] + alone[1][name] for name in alone[0]}
+    assert summed["vllm:request_decode_time_seconds_count"] == 3
+
+    async def scraped() -> dict[str, float] | None:
+        async with behind.session() as session:
+            return await behind.scrape(session)
+
+    assert asyncio.run(scraped()) == summed

@@ -40,19 +40,24 @@ def test_bench_refuses_a_burst_and_gives_the_servers_rate(tmp_path: Path, fake_s
     assert _engine_like(row["ms_per_step"])  # the engine's step, not the client's gaps
     assert row["client_timing"].startswith("the stream arrived in bursts: median gap between chunks")
     assert "note: code: decode tok/s not measured on the client: the stream arrived in bursts" in shown
+    # Issue 29: the held stream's first chunk came with its last, so the client's "TTFT" was its E2E.
+    assert row["ttft_ms"] is None and result["metrics"]["code.ttft_ms"]["value"] is None
+    assert row["ttft_timing"].startswith("the stream arrived in bursts") and row["server_ttft_ms"] < 4 * STEP_MS
+    assert "note: code: TTFT not measured on the client: the stream arrived in bursts" in shown
+    assert "the server's own TTFT is" in shown
 
 
 def test_conc_refuses_a_burst(tmp_path: Path, fake_server) -> None:
     result, shown = _run("conc.py", _engine(fake_server, "--burst"), tmp_path / "c", "--levels", "1,2",
                          "--requests", "4", "--interval", "0.05")
     for row in result["rows"]:
-        assert row["ok"] == 4 and row["not_measured"] == "ITL, TPOT, per-stream tok/s, steady-state tok/s"
-        assert (row["tpot_ms_p50"], row["itl_ms_p50"], row["per_stream_tok_s"], row["steady_tok_s"]) == \
-            (None, None, None, None)
+        assert row["ok"] == 4 and row["not_measured"] == "TTFT, ITL, TPOT, per-stream tok/s, steady-state tok/s"
+        assert (row["ttft_ms_p50"], row["ttft_ms_p99"], row["tpot_ms_p50"], row["itl_ms_p50"], row["per_stream_tok_s"],
+                row["steady_tok_s"]) == (None, None, None, None, None, None)
         assert _engine_like(row["server_tpot_ms"]) and _engine_like(1000 / row["server_per_stream_tok_s"])
         assert row["aggregate_tok_s"] > 0  # tokens over wall time: no chunk timing in it
-    assert "note: c1: ITL, TPOT, per-stream tok/s, steady-state tok/s not measured on the client: the stream " \
-           "arrived in bursts" in shown
+    assert "note: c1: TTFT, ITL, TPOT, per-stream tok/s, steady-state tok/s not measured on the client: the " \
+           "stream arrived in bursts" in shown
 
 
 def test_a_paced_stream_agrees_and_keeps_its_numbers(tmp_path: Path, fake_server) -> None:
@@ -60,11 +65,12 @@ def test_a_paced_stream_agrees_and_keeps_its_numbers(tmp_path: Path, fake_server
     url = _engine(fake_server)
     bench, _ = _run("bench.py", url, tmp_path / "b", "--workload", "code")
     row = bench["rows"][0]
-    assert row["client_timing"] == "agrees with the server"
+    assert row["client_timing"] == row["ttft_timing"] == "agrees with the server" and row["ttft_ms"] > 0
     assert row["decode_tok_s"] == pytest.approx(row["server_decode_tok_s"], rel=measure.AGREE_WITHIN)
     conc, _ = _run("conc.py", url, tmp_path / "c", "--levels", "1", "--requests", "3")
     row = conc["rows"][0]
     assert row["client_timing"] == "agrees with the server" and row["not_measured"] == ""
+    assert row["ttft_ms_p50"] > 0
     assert row["tpot_ms_p50"] == pytest.approx(row["server_tpot_ms"], rel=measure.AGREE_WITHIN)
     assert row["per_stream_tok_s"] == pytest.approx(row["server_per_stream_tok_s"], rel=measure.AGREE_WITHIN)
 
@@ -86,6 +92,14 @@ def test_verdicts() -> None:
     assert measure.disagreement("decode", 230.0, 200.0, "tok/s") is None
     assert measure.shortfall("steady-state", 83.0, 200.0, "tok/s").startswith("steady-state 83 tok/s")
     assert measure.shortfall("steady-state", 400.0, 200.0, "tok/s") is None  # above the floor is possible
+    # TTFT: a first chunk later than the server's TTFT and whole decode was held (issue 29: 333 ms against 8 ms);
+    # less is the HTTP path, which the client does wait for.
+    assert measure.ttft_disagreement(0.1, server) is None  # no decode time: nothing to cross-check
+    held = measure.ServerTimes(100, 0.004, 0.004, 0.008, 250.0, decode_s=0.2)
+    assert measure.ttft_disagreement(0.15, held) is None
+    assert measure.ttft_disagreement(0.333, held) == ("TTFT 333 ms on the client's clock, later than the server's "
+                                                      "own TTFT 8 ms and whole decode 200 ms: the first chunk was held")
+    assert measure.ttft_disagreement(0.333, measure.server_times(None, None)) is None
 
 
 def test_server_times_from_counters() -> None:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from rigstack.client import Endpoint, Server
+from rigstack.client import Server
+from rigstack.endpoint import Endpoint
 from rigstack.probes.bang import run_bang
 from rigstack.probes.compare import EXIT_REGRESSION
 from rigstack.probes.fidelity import gate

@@ -3,6 +3,7 @@ never a traceback, a hang, or a failure read as a finding."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -10,7 +11,8 @@ import pytest
 
 from rigstack.probes.bang import EXIT_CORRUPT
 from rigstack.probes.cli import EXIT_FAILED
-from testing.probes import last_line, run_script
+from testing.net import free_port
+from testing.probes import last_line, run_script, run_script_rss
 
 RUNS = {  # the cheapest run of each probe that still sends requests
     "bench": ("bench.py", "--workload", "code", "--fixed", "none", "--warmup", "0"),
@@ -154,3 +156,95 @@ def test_a_dripping_model_list(tmp_path: Path, fake_server) -> None:
     assert _one_clean_line(process).endswith("/v1/models: no complete answer within 1.5 s; is the server "
                                              "overloaded (raise --timeout) or a proxy in the way?")
     assert not list(tmp_path.iterdir())
+
+
+# -- issue 28 item 18: a huge answer is cut at the bound, within the deadline; qual's failures exit non-zero -------
+@pytest.mark.parametrize("name", ["bench", "conc", "qual", "probe_bang"])
+def test_a_huge_answer_is_cut_at_the_bound(tmp_path: Path, fake_server, name: str) -> None:
+    """200 MB of valid JSON per answer, as fast as the socket goes: read to 64 MiB at most, and refused."""
+    url = fake_server("--huge", "200")
+    script, *args = RUNS[name]
+    if name == "probe_bang":
+        script, args = f"{script} {args[0]}", args[1:]
+    started = time.monotonic()
+    process, rss = run_script_rss(*script.split(), "--url", url, "--model", "fake", *args, "--timeout", "5",
+                                  "--out", str(tmp_path / "r"), timeout=300)
+    took = time.monotonic() - started
+    assert process.returncode == EXIT_FAILED, process.stderr
+    assert "the answer is over the 64 MiB limit of one reply" in _one_clean_line(process)
+    assert rss < 600 << 20, f"{rss >> 20} MiB"  # the client held about one bound's worth, not the 200 MB answers
+    assert took < 90, took
+
+
+def test_a_huge_model_list_is_cut_at_the_bound(tmp_path: Path, fake_server) -> None:
+    process, rss = run_script_rss("bench.py", "--url", fake_server("--huge-models", "200"), "--model", "fake",
+                                  "--workload", "code", "--timeout", "30", "--out", str(tmp_path / "r"), timeout=120)
+    assert process.returncode == 1
+    assert _one_clean_line(process).endswith("/v1/models: the answer is over the 64 MiB limit of one reply; point "
+                                             "--url at an OpenAI-compatible server")
+    assert rss < 600 << 20, f"{rss >> 20} MiB"
+
+
+def test_qual_exits_non_zero_when_some_items_failed(tmp_path: Path, fake_server) -> None:
+    process = _probe("qual", fake_server("--ok", "2"), tmp_path, "--stop-after-failures", "0")
+    assert process.returncode == EXIT_FAILED, process.stderr
+    assert _one_clean_line(process) == ("error: 2 of the 4 quality items got no answer (arith_3, arith_4) (HTTP 500: "
+                                        "engine dead (fake)); a failed request measures nothing (the result files "
+                                        "list them)")
+
+
+# -- item 19: a server that takes the request and says nothing has timed out; it is not down ----------------------
+NO_LENGTH = '{"data": [{"id": "fake"}]}'  # no max_model_len: the probes skip /tokenize and go to the first request
+
+
+@pytest.mark.parametrize("name", ["bench", "conc"])
+def test_a_hanging_post_is_a_timeout_not_a_dead_server(tmp_path: Path, fake_server, name: str) -> None:
+    # --fixed auto: the first request asks whether the server takes ignore_eos, and hangs
+    process = _probe(name, fake_server("--hang", "--models", NO_LENGTH), tmp_path, "--fixed", "auto", "--timeout", "2",
+                     timeout=60)
+    line = _one_clean_line(process)
+    assert process.returncode == 1 and "cannot reach" not in line and "start the server" not in line
+    assert line.endswith("took the request but gave no answer: no complete answer within 2 s (--timeout, a deadline "
+                         "per request); is it overloaded or stuck? Raise --timeout, or restart it")
+
+
+def test_a_hanging_tokenize_is_a_timeout(tmp_path: Path, fake_server) -> None:
+    process = _probe("bench", fake_server("--hang"), tmp_path, "--timeout", "2", timeout=60)
+    assert process.returncode == 1
+    assert _one_clean_line(process).endswith("/tokenize: no complete answer within 2 s; is the server overloaded "
+                                             "(raise --timeout) or a proxy in the way?")
+
+
+def test_a_closed_port_is_still_a_dead_server(tmp_path: Path) -> None:
+    process = _probe("qual", f"http://127.0.0.1:{free_port()}", tmp_path, timeout=60)
+    assert process.returncode == 1
+    assert _one_clean_line(process).startswith("error: cannot reach http://127.0.0.1:")
+
+
+# -- item 20: a workload stops after N failures in a row, and says so -------------------------------------------
+def test_bench_stops_a_workload_after_failures_in_a_row(tmp_path: Path, fake_server) -> None:
+    """15 planned requests at a hanging server: 3 deadlines, not 15."""
+    url = fake_server("--hang", "--models", NO_LENGTH)
+    started = time.monotonic()
+    process = _probe("bench", url, tmp_path, "--fixed", "none", "--repeats", "3", "--workload", "prose",
+                     "--timeout", "2", timeout=120)
+    took = time.monotonic() - started
+    assert process.returncode == EXIT_FAILED
+    result = json.loads((tmp_path / "r.json").read_text())
+    rows = {row["workload"]: row for row in result["rows"]}
+    planned = rows["code"]["requests"] + rows["code"]["not_sent"]
+    assert (rows["code"]["requests"], rows["code"]["failed"], planned) == (3, 3, 9)
+    assert rows["prose"]["requests"] == 3 and rows["prose"]["not_sent"] > 0
+    assert ("workload code: stopped after 3 failed requests in a row; 6 of its 9 planned requests were not sent "
+            "(--stop-after-failures 0 sends them all)") in result["notes"]
+    assert took < 2 * 6 + 40, took  # 3 deadlines per workload, plus start-up on a loaded machine
+
+
+def test_a_flaky_server_gets_every_request(tmp_path: Path, fake_server) -> None:
+    """Failures that are not in a row stop nothing: every second request fails, and all six are sent."""
+    process = _probe("conc", fake_server("--fail-every", "2"), tmp_path, "--requests", "6", "--stop-after-failures",
+                     "2")
+    result = json.loads((tmp_path / "r.json").read_text())
+    assert process.returncode == 0, process.stderr
+    assert [(row["ok"], row["failed"], row["not_sent"]) for row in result["rows"]] == [(3, 3, 0)]
+    assert not any("stopped after" in note for note in result["notes"])

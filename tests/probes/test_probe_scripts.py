@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from rigstack.client import parse_prometheus
+from rigstack.probes.bang import DEFAULT_PROMPT
 from rigstack.probes.measure import AGREE_WITHIN
 from testing.probes import last_line, pristine_site, probe_server, run_script
 
@@ -129,3 +130,29 @@ def test_bang_is_clean_on_a_healthy_server(url: str, tmp_path: Path) -> None:
     assert result["provenance"]["params"]["vocab_size"] == 4106  # read from the served model's config.json
     compared = run_script("compare.py", str(tmp_path / "g.json"), str(tmp_path / "g.json"))
     assert compared.returncode == 0 and "fidelity PASS" in last_line(compared)
+
+
+# Prompts to look for the tiny model's EOS in: a random model emits id 0 somewhere in a few of these under ignore_eos.
+EOS_HUNT = [DEFAULT_PROMPT, *(f"{word} {n}" for n in range(3) for word in ("hello", "report", "table", "the", "x"))]
+
+
+def test_bang_does_not_flag_the_models_eos(url: str, tmp_path: Path) -> None:
+    """Issue 29: under ignore_eos the tiny model emits its EOS (id 0) where it likes; that is an answer, not an
+    all-zero row. A prompt whose greedy answer holds id 0 is found first; the probe then stops just past it, so the
+    test stays short."""
+    found = None
+    for index, prompt in enumerate(EOS_HUNT):  # one at a time, as bang sends them: the same greedy path
+        reply = httpx.post(url + "/completions", timeout=900, json={
+            "model": "tiny", "prompt": prompt, "max_tokens": 1900, "temperature": 0, "ignore_eos": True,
+            "return_tokens_as_token_ids": True, "logprobs": 1}).json()
+        tokens = [int(token.removeprefix("token_id:")) for token in reply["choices"][0]["logprobs"]["tokens"]]
+        if 0 in tokens:
+            found = index, tokens.index(0)
+            break
+    assert found, "the tiny model emits no EOS on these prompts: add prompts to EOS_HUNT"
+    index, position = found
+    result = _run("probe_bang.py run", url, tmp_path / "g", "--prompt", EOS_HUNT[index], "--max-tokens",
+                  str(position + 2), "--repeats", "2")
+    assert result["metrics"]["flagged_tokens"]["value"] == 0 and result["metrics"]["clean"]["value"] == 1.0
+    assert 0 in result["provenance"]["params"]["special_ids"]
+    assert all(sample["token_ids"][position] == 0 for sample in result["samples"])

@@ -33,6 +33,7 @@ from rigstack.atomic import write_atomic
 from rigstack.dockerapi import connect, local_image, split_tag
 from rigstack.errors import UserError
 from rigstack.gitrepo import checkout_revision
+from rigstack.invocation import command
 from rigstack.stack import DEFAULT_PATCHES_DIR, Stack, load_stack
 from rigstack.stamp import STAMP_NAME, Stamp, read_stamp
 from rigstack.versions import REPO_ROOT, Pins, load_pins
@@ -140,13 +141,13 @@ def guard_laid(paths: Iterable[str], package: Path | None = None) -> list[str]:
 
 def laid_files(package: Path) -> list[str]:
     """The patched package's changed files plus its stamp (from the applier), checked by the .so guard."""
-    from rigstack.applier import laid_files as changed
+    from rigstack.patched import laid_files as changed
 
     paths = guard_laid(changed(package), package)
     missing = [path for path in paths if not (package / path).is_file()]
     if missing:
         raise UserError(f"{package}/{missing[0]} is listed as changed but is not a file; rerun "
-                        f"`python apply.py apply --from dir:{package}`")
+                        f"`{command(f'apply --from dir:{package}')}`")
     return paths
 
 
@@ -465,11 +466,3 @@ def container_stamp(url: str) -> tuple[str, Stamp | None] | None:
         raw = _read_file(container, f"{path}/{STAMP_NAME}")
         return f"container {container.name}:{path}", Stamp.from_dict(json.loads(raw)) if raw else None
     return None
-
-
-if __name__ == "__main__":
-    # `python -m rigstack.images build|verify-image|base`, as documented: the command layer's image commands.
-    from rigstack.commands import entry
-    from rigstack.commands.image import module_app
-
-    entry(module_app)

@@ -16,7 +16,7 @@ random set of experts, so the L2 never holds a step's bytes) and replayed, in on
   these read the list and count from the device, so one graph serves every miss count, and a count of 0 gives
   their cost when nothing is copied.
 It prints GB/s and each one's fraction of contiguous. Torch and Triton only; the kernel module is read from the
-patch stack (tests/kernels/sm8x_load.py), so no vLLM is needed. `scripts/bench_expert_gather.py` is its command.
+patch stack (tests/kernels/kernel_sources.py), so no vLLM is needed. `scripts/bench_expert_gather.py` is its command.
 """
 
 from __future__ import annotations
@@ -24,14 +24,16 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 import triton
 import triton.language as tl
 
-import cond_copy
-import sm8x_load
-from graph_timing import replay_gbps, replay_seconds
+from rigstack.bench import cond_copy
+from rigstack.bench import kernel_sources
+from rigstack.bench.graph_timing import replay_gbps, replay_seconds
 
 MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 GIB = 1 << 30
@@ -246,6 +248,103 @@ def _conditional(host: torch.Tensor, dst: torch.Tensor, land: torch.Tensor, d_li
     return builder, graphs
 
 
+@dataclass
+class _Rig:
+    """The buffers every miss count reuses: the pinned layer, its zero-copy view, the staging (and, for the IF
+    layout, landing) rows, the device-side step lists and counts, and the conditional-node gathers."""
+
+    ko: ModuleType
+    host: torch.Tensor
+    view: torch.Tensor
+    dst: torch.Tensor
+    d_lists: torch.Tensor
+    d_counts: torch.Tensor
+    land: torch.Tensor | None
+    builder: cond_copy.CondGather | None
+    cond: dict
+
+
+def _rig(conditional: bool) -> _Rig:
+    ko = kernel_sources.load_module(MODULE)
+    host = torch.empty((N_EXPERTS, EXPERT_BYTES), dtype=torch.uint8, pin_memory=True)
+    host.view(torch.int64).random_()
+    dst = torch.empty((STAGING, EXPERT_BYTES), dtype=torch.uint8, device="cuda")
+    # The step lists and counts stay in these buffers, refilled for each miss count.
+    d_lists = torch.full((STEPS, STAGING), -1, dtype=torch.int32, device="cuda")
+    d_counts = torch.zeros((STEPS, 1), dtype=torch.int32, device="cuda")
+    # The IF layout lands each expert in its own row.
+    land = torch.empty((N_EXPERTS, EXPERT_BYTES), dtype=torch.uint8, device="cuda") if conditional else None
+    builder, cond = _conditional(host, dst, land, d_lists, d_counts) if conditional else (None, {})
+    return _Rig(ko, host, ko.host_view_on_device(host), dst, d_lists, d_counts, land, builder, cond)
+
+
+def _graphs_for(rig: _Rig, n: int, lists: torch.Tensor, sweep: bool) -> dict:
+    """Every variant captured for n misses a step, each checked to stage the listed experts' rows."""
+    rig.d_lists.copy_(lists)
+    rig.d_counts.fill_(n)
+    host, dst = rig.host, rig.dst
+    graphs = _graphs(_steps(rig.ko, host, rig.view, dst, lists, rig.d_lists, rig.d_counts, n,
+                            SWEEP if sweep else SWEEP[:1]), host, dst, lists, n)
+    if rig.cond:
+        # Diagnostic: the whole step's block as ONE memcpy in one IF body; against "contiguous", this says whether
+        # a conditional body's copy itself runs at the copy engine's speed (the rest is per-node cost).
+        first = torch.zeros(1, dtype=torch.int32, device="cuda")
+        one = torch.ones(1, dtype=torch.int32, device="cuda")
+        block = _capture(lambda i: rig.builder.gather(
+            "if", host[i * n:(i + 1) * n].reshape(1, -1), first, one, dst[:n].reshape(1, -1)), warm=False)
+        block.replay()
+        if not _staged_right(dst, host, torch.arange((STEPS - 1) * n, STEPS * n, dtype=torch.int32), n):
+            raise SystemExit(f"one IF, one contiguous memcpy: staging differs from the host rows (misses {n})")
+        graphs["CE one IF, one contiguous memcpy"] = block
+    for name, (mode, graph) in rig.cond.items():
+        graph.replay()
+        if not _staged_right(dst if mode == "switch" else rig.land[lists[-1, :n].long()], host,
+                             lists[-1] if mode == "switch" else lists[-1, :n], n):
+            raise SystemExit(f"{name}: staging differs from the host rows (misses {n})")
+        graphs[name] = graph
+    return graphs
+
+
+def _timed(graphs: dict, cond: dict, n: int, reps: int, rounds: int) -> str:
+    """Each variant's GB/s and fraction of contiguous, printed; the summary line for n misses."""
+    nbytes = STEPS * n * EXPERT_BYTES
+    # Rounds, each timing every variant in turn, so a drift of the link shows in both sides of a ratio.
+    speed = {name: [] for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            speed[name].append(replay_gbps(graph, nbytes, reps))
+    ratio = {name: [v / c for v, c in zip(vals, speed["contiguous"])] for name, vals in speed.items()}
+    print(f"\nmisses {n} ({n * EXPERT_BYTES / 1e6:.0f} MB a step), graph-replayed: median GB/s, "
+          "median (min-max) of the per-round fraction of contiguous")
+    for name in sorted(graphs, key=lambda k: -statistics.median(ratio[k])):
+        r = ratio[name]
+        print(f"  {name:44s} {statistics.median(speed[name]):6.2f} GB/s  {statistics.median(r):5.3f} "
+              f"({min(r):.3f}-{max(r):.3f})")
+    med = {k: statistics.median(v) for k, v in ratio.items()}
+    tri = {k: v for k, v in med.items() if k.startswith("triton")}
+    best = max(tri, key=tri.get)
+    default = next(k for k in graphs if k.startswith("triton b"))
+    ce = {k: v for k, v in med.items() if k in cond}
+    best_ce = f"{max(ce.values()):.3f} ({max(ce, key=ce.get)})" if ce else "not measured"
+    return (f"  {n:3d} | {statistics.median(speed['contiguous']):.2f} | "
+            f"{med['per-expert copies (ids on CPU)']:.3f} | {med['index_select zero-copy']:.3f} | "
+            f"{med['SM ceiling: triton over one contiguous range']:.3f} | {tri[default]:.3f} | "
+            f"{tri[best]:.3f} ({best}) | {best_ce}")
+
+
+def _idle_conditionals(rig: _Rig, reps: int, rounds: int) -> None:
+    """A count of 0: every conditional node is evaluated and none copies; the destinations must stay untouched."""
+    rig.d_counts.fill_(0)
+    rig.dst.fill_(0)
+    rig.land.fill_(0)
+    print("\nconditional nodes with nothing to copy (count 0), median of a round of replays:")
+    for name, (_, graph) in rig.cond.items():
+        step_us = replay_seconds(graph, reps * rounds) / STEPS * 1e6
+        if bool(rig.dst.any()) or bool(rig.land.any()):
+            raise SystemExit(f"{name}: wrote with a count of 0")
+        print(f"  {name:44s} {step_us:8.1f} us a step")
+
+
 def run(misses: list[int], reps: int, rounds: int, sweep: bool, conditional: bool = True) -> int:
     """Time every variant for each miss count; 2 when nothing can be measured here."""
     if not torch.cuda.is_available():
@@ -254,24 +353,12 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool, conditional: boo
     if max(misses) > STAGING or min(misses) < 1:
         print(f"bench_expert_gather: --misses must be between 1 and {STAGING}", file=sys.stderr)
         return 2
-    ko = sm8x_load.load_module(MODULE)
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"expert: 163.3 GiB / (45 x 288) = {EXPERT_BYTES_EXACT:,.0f} B = {EXPERT_BYTES_EXACT / 1e6:.2f} MB = "
           f"{EXPERT_BYTES_EXACT / (1 << 20):.2f} MiB; timed rows {EXPERT_BYTES:,} B; layer "
           f"{N_EXPERTS * EXPERT_BYTES / GIB:.2f} GiB pinned; staging {STAGING}; {STEPS} steps a graph; "
           f"{rounds} rounds x {reps} replays, variants interleaved", flush=True)
-    host = torch.empty((N_EXPERTS, EXPERT_BYTES), dtype=torch.uint8, pin_memory=True)
-    host.view(torch.int64).random_()
-    view = ko.host_view_on_device(host)
-    dst = torch.empty((STAGING, EXPERT_BYTES), dtype=torch.uint8, device="cuda")
-    # The step lists and counts stay in these buffers, refilled for each miss count.
-    d_lists = torch.full((STEPS, STAGING), -1, dtype=torch.int32, device="cuda")
-    d_counts = torch.zeros((STEPS, 1), dtype=torch.int32, device="cuda")
-    # The IF layout lands each expert in its own row.
-    land = torch.empty((N_EXPERTS, EXPERT_BYTES), dtype=torch.uint8, device="cuda") if conditional else None
-    builder, cond = _conditional(host, dst, land, d_lists, d_counts) if conditional else (None, {})
-    first = torch.zeros(1, dtype=torch.int32, device="cuda")
-    one = torch.ones(1, dtype=torch.int32, device="cuda")
+    rig = _rig(conditional)
     gen = torch.Generator().manual_seed(0)
     summary = []
     for n in misses:
@@ -279,61 +366,12 @@ def run(misses: list[int], reps: int, rounds: int, sweep: bool, conditional: boo
         # Sorted, as the remap lists them; padded with -1 to the staging size.
         lists = torch.full((STEPS, STAGING), -1, dtype=torch.int32)
         lists[:, :n] = perm.sort(dim=1).values.to(torch.int32)
-        d_lists.copy_(lists)
-        d_counts.fill_(n)
-        graphs = _graphs(_steps(ko, host, view, dst, lists, d_lists, d_counts, n, SWEEP if sweep else SWEEP[:1]),
-                         host, dst, lists, n)
-        if cond:
-            # Diagnostic: the whole step's block as ONE memcpy in one IF body; against "contiguous", this says whether
-            # a conditional body's copy itself runs at the copy engine's speed (the rest is per-node cost).
-            block = _capture(lambda i: builder.gather(
-                "if", host[i * n:(i + 1) * n].reshape(1, -1), first, one, dst[:n].reshape(1, -1)), warm=False)
-            block.replay()
-            if not _staged_right(dst, host, torch.arange((STEPS - 1) * n, STEPS * n, dtype=torch.int32), n):
-                raise SystemExit(f"one IF, one contiguous memcpy: staging differs from the host rows (misses {n})")
-            graphs["CE one IF, one contiguous memcpy"] = block
-        for name, (mode, graph) in cond.items():
-            graph.replay()
-            if not _staged_right(dst if mode == "switch" else land[lists[-1, :n].long()], host,
-                                 lists[-1] if mode == "switch" else lists[-1, :n], n):
-                raise SystemExit(f"{name}: staging differs from the host rows (misses {n})")
-            graphs[name] = graph
-        nbytes = STEPS * n * EXPERT_BYTES
-        # Rounds, each timing every variant in turn, so a drift of the link shows in both sides of a ratio.
-        speed = {name: [] for name in graphs}
-        for _ in range(rounds):
-            for name, graph in graphs.items():
-                speed[name].append(replay_gbps(graph, nbytes, reps))
-        ratio = {name: [v / c for v, c in zip(vals, speed["contiguous"])] for name, vals in speed.items()}
-        print(f"\nmisses {n} ({n * EXPERT_BYTES / 1e6:.0f} MB a step), graph-replayed: median GB/s, "
-              "median (min-max) of the per-round fraction of contiguous")
-        for name in sorted(graphs, key=lambda k: -statistics.median(ratio[k])):
-            r = ratio[name]
-            print(f"  {name:44s} {statistics.median(speed[name]):6.2f} GB/s  {statistics.median(r):5.3f} "
-                  f"({min(r):.3f}-{max(r):.3f})")
-        med = {k: statistics.median(v) for k, v in ratio.items()}
-        tri = {k: v for k, v in med.items() if k.startswith("triton")}
-        best = max(tri, key=tri.get)
-        default = next(k for k in graphs if k.startswith("triton b"))
-        ce = {k: v for k, v in med.items() if k in cond}
-        best_ce = f"{max(ce.values()):.3f} ({max(ce, key=ce.get)})" if ce else "not measured"
-        summary.append(f"  {n:3d} | {statistics.median(speed['contiguous']):.2f} | "
-                       f"{med['per-expert copies (ids on CPU)']:.3f} | {med['index_select zero-copy']:.3f} | "
-                       f"{med['SM ceiling: triton over one contiguous range']:.3f} | {tri[default]:.3f} | "
-                       f"{tri[best]:.3f} ({best}) | {best_ce}")
+        graphs = _graphs_for(rig, n, lists, sweep)
+        summary.append(_timed(graphs, rig.cond, n, reps, rounds))
         del graphs
         sys.stdout.flush()
-    if cond:
-        # A count of 0: every conditional node is evaluated and none copies; the destinations must stay untouched.
-        d_counts.fill_(0)
-        dst.fill_(0)
-        land.fill_(0)
-        print("\nconditional nodes with nothing to copy (count 0), median of a round of replays:")
-        for name, (_, graph) in cond.items():
-            step_us = replay_seconds(graph, reps * rounds) / STEPS * 1e6
-            if bool(dst.any()) or bool(land.any()):
-                raise SystemExit(f"{name}: wrote with a count of 0")
-            print(f"  {name:44s} {step_us:8.1f} us a step")
+    if rig.cond:
+        _idle_conditionals(rig, reps, rounds)
     print("\nsummary (median fraction of contiguous, graph-replayed): misses | contiguous GB/s | per-expert copies "
           "(ids on CPU) | index_select | SM ceiling (one contiguous range) | module default | best triton (variant) "
           "| best copy-engine conditional (variant)")

@@ -4,8 +4,19 @@ without pulling another bench's Triton kernels into its process)."""
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 
 import torch
+
+
+def capture(steps: Callable[[], None]) -> torch.cuda.CUDAGraph:
+    """Capture `steps` (a callable running every step of one replay) after one warm-up run outside the capture."""
+    steps()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        steps()
+    return graph
 
 
 def replay_seconds(graph: torch.cuda.CUDAGraph, reps: int) -> float:

@@ -11,7 +11,7 @@ hot set the layer's top 66. For 14, 48, 512 and 8,192-token prompts it times, in
 The MoE computation is a torch one (no vLLM here): per pick its expert's SwiGLU output times the weight, summed
 over the picks in pick order, as vLLM's fused MoE sums its top-k. It reports milliseconds (median of the rounds),
 whether grouped and masked are bit for bit equal, and their largest difference from all resident.
-The module under test is read from the patch stack (tests/kernels/sm8x_load.py): torch and triton only.
+The module under test is read from the patch stack (tests/kernels/kernel_sources.py): torch and triton only.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 import time
 from collections.abc import Callable
 
-import sm8x_load
+from rigstack.bench import kernel_sources
 import torch
 
 N_EXPERTS, TOP_K, CACHE, STAGING = 288, 8, 66, 64
@@ -59,7 +59,7 @@ def _variant(name: str, layers: dict, resident: tuple[torch.Tensor, torch.Tensor
 
 
 def run(sizes: list[int], rounds: int) -> int:
-    mod = sm8x_load.load_expert_offload(interpret=False).expert_offload
+    mod = kernel_sources.load_expert_offload(interpret=False).expert_offload
     dev = torch.device("cuda")
     gen = torch.Generator(device="cpu").manual_seed(0)
     w13 = (torch.randn(N_EXPERTS, 2 * INTER, HIDDEN, generator=gen) * 0.02).to(torch.bfloat16)

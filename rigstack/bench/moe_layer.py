@@ -25,7 +25,7 @@ from types import ModuleType
 
 import torch
 
-from graph_timing import replay_gbps, replay_seconds
+from rigstack.bench.graph_timing import capture, replay_gbps, replay_seconds
 
 GIB = 1 << 30
 N_EXPERTS = 288
@@ -203,15 +203,6 @@ def misses(ids: torch.Tensor, hot: list[int]) -> int:
 
 # --- timing (CUDA) --------------------------------------------------------------------------------------------------
 
-def _graph(steps: Callable[[], None]) -> torch.cuda.CUDAGraph:
-    """Capture `steps` (a callable running every step of one replay) after one warm-up run outside the capture."""
-    steps()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        steps()
-    return graph
-
 
 @dataclass(frozen=True)
 class Measured:
@@ -256,11 +247,11 @@ def trace_report(t: Traces, sizes: list[int], adaptive: bool = True) -> dict:
 
 def time_layer(t: Traces, tokens: int, sizes: list[int], reps: int, rounds: int, layer: int, seed: int) -> dict:
     """Layer step timings on the GPU, as data (the command prints them with the cost model's prediction)."""
-    import sm8x_load
+    from rigstack.bench import kernel_sources
 
     counts = pick_counts(t.collect)
     held_out = t.held_out
-    ko = sm8x_load.load_module("vllm/model_executor/layers/fused_moe/expert_offload_kernels.py")
+    ko = kernel_sources.load_module("vllm/model_executor/layers/fused_moe/expert_offload_kernels.py")
     device = torch.device("cuda")
     expert_bytes = 3 * INTER * HIDDEN
     host = host_experts(N_EXPERTS, expert_bytes, seed, pin=True)
@@ -291,33 +282,45 @@ def time_layer(t: Traces, tokens: int, sizes: list[int], reps: int, rounds: int,
                 for i in range(tokens):
                     out[i] = offloaded_step(ko, offloaded, xs[i], d_ids[i], gates[i])
             variants[f"{name} {size}" if size else "no cache (all misses)"] = (size, hot, steps)
-    # Bit for bit: every offloaded variant computes the all-on-GPU layer's outputs.
-    reference = None
-    graphs = {}
-    for name, (_, _, steps) in variants.items():
-        out.fill_(float("nan"))
-        graphs[name] = _graph(steps)
-        graphs[name].replay()
-        torch.cuda.synchronize()
-        if reference is None:
-            reference = out.clone()
-        elif not torch.equal(out, reference):
-            raise SystemExit(f"{name}: the offloaded layer's outputs differ from the all-on-GPU layer's")
+    graphs = _checked_graphs(variants, out)
     times: dict[str, list[float]] = {name: [] for name in graphs}
     for _ in range(rounds):  # every variant in turn, so a drift of the link shows on all of them
         for name, graph in graphs.items():
             times[name].append(replay_seconds(graph, reps) / tokens)
     # The gather alone at 8 misses a step, and a contiguous copy of the same bytes, for the model's link rate.
     link = _link_rates(ko, host, reps, rounds)
+    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens,
+            "expert_bytes": expert_bytes, "link": link, "measured": _measured(variants, times, ids)}
+
+
+def _checked_graphs(variants: dict[str, tuple[int, list[int], Callable[[], None]]],
+                    out: torch.Tensor) -> dict[str, torch.cuda.CUDAGraph]:
+    """Each variant's steps captured; bit for bit, every offloaded variant computes the all-on-GPU layer's outputs."""
+    reference = None
+    graphs = {}
+    for name, (_, _, steps) in variants.items():
+        out.fill_(float("nan"))
+        graphs[name] = capture(steps)
+        graphs[name].replay()
+        torch.cuda.synchronize()
+        if reference is None:
+            reference = out.clone()
+        elif not torch.equal(out, reference):
+            raise SystemExit(f"{name}: the offloaded layer's outputs differ from the all-on-GPU layer's")
+    return graphs
+
+
+def _measured(variants: dict[str, tuple[int, list[int], Callable[[], None]]], times: dict[str, list[float]],
+              ids: torch.Tensor) -> list[Measured]:
+    """Each variant's hit rate and misses on the timed tokens, beside its step time."""
     measured = []
     for name, (size, hot, _) in variants.items():
         members = set(hot)
         hits = sum(e in members for e in ids.flatten().tolist())
-        n_miss = sum(misses(ids[i:i + 1], hot) for i in range(tokens))
+        n_miss = sum(misses(ids[i:i + 1], hot) for i in range(ids.shape[0]))
         measured.append(Measured(name, size, hits / ids.numel(), n_miss, statistics.median(times[name]),
                                  (min(times[name]), max(times[name]))))
-    return {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "tokens": tokens,
-            "expert_bytes": expert_bytes, "link": link, "measured": measured}
+    return measured
 
 
 def _link_rates(ko: ModuleType, host: torch.Tensor, reps: int, rounds: int) -> dict[str, float]:
@@ -337,7 +340,7 @@ def _link_rates(ko: ModuleType, host: torch.Tensor, reps: int, rounds: int) -> d
     def contiguous() -> None:
         for i in range(steps):
             dst[:n].copy_(host[i * n:(i + 1) * n], non_blocking=True)
-    graphs = {"gather": _graph(gather), "contiguous": _graph(contiguous)}
+    graphs = {"gather": capture(gather), "contiguous": capture(contiguous)}
     nbytes = steps * n * host.shape[1]
     speed: dict[str, list[float]] = {name: [] for name in graphs}
     for _ in range(rounds):

@@ -1,0 +1,276 @@
+"""Benchmark: a chain of consecutive offloaded MoE layers, with and without patch 0019's prefetch (issue 31).
+
+Each layer is patch 0014's LayerOffload itself (loaded from the stack without vLLM), over its own 288 experts of the
+seed's size in pinned host memory, with its own per-layer hot set from the synthetic trace of moe_layer_bench.py
+(Zipf within each layer); its kernel is that module's plain torch MoE on [cache | prefetch | staging]. A decode
+step runs the layers in order; the graph replays `steps` consecutive decode steps of `batch` tokens.
+
+The prediction is set, not learned: before layer L runs, layer L+1's predicted list is overwritten with a list of
+min(its true misses, prefetch slots) uncached experts of which round(accuracy x that count) are true misses of the
+step and the rest experts it does not pick, so every accuracy moves the same bytes and only the hits differ (the
+patch's own prediction, the previous step's picks, is what this replaces). Every variant's outputs equal the
+all-on-GPU chain's bit for bit, and the prefetch hit counters equal the hits the lists imply, or the run stops.
+
+It records, per variant, each layer-step's staged misses and the experts it prefetched for the next layer, so the
+overlap model (rigstack/offload_model.py) can predict the step from the all-on-GPU layer and the gather's rate of
+the same run; `scripts/bench_moe_chain.py` prints the table. Torch and Triton only. `--cpu` runs the same chain at
+toy sizes on the CPU reference paths (no timing), which is how CI checks it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from rigstack.bench import kernel_sources
+from rigstack.bench import moe_layer as mlb
+from rigstack.bench.graph_timing import capture, replay_seconds
+
+ACCURACIES = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
+CAPPED_ACCURACIES = (0.0, 0.8, 1.0)
+HOST_COPIES = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    layers: int = 8
+    hidden: int = mlb.HIDDEN
+    inter: int = mlb.INTER
+    staging: int = mlb.STAGING
+    prefetch: int = 16
+
+    @property
+    def expert_bytes(self) -> int:
+        return 3 * self.inter * self.hidden
+
+
+@dataclass
+class Point:
+    name: str
+    cache: int
+    batch: int
+    accuracy: float | None  # None: no prefetch (or all on the GPU)
+    step_s: list[float] = field(default_factory=list)  # per decode step, one entry a round
+    staged: list[list[int]] = field(default_factory=list)  # [step][layer] distinct experts gathered after the router
+    prefetched: list[list[int]] = field(default_factory=list)  # [step][layer] experts gathered for the next layer
+    hit_picks: int = 0  # picks served from a prefetch area (the device counters)
+
+
+def predictions(ids: torch.Tensor, hot: list[list[int]], slots: int, accuracy: float, n_experts: int,
+                seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predicted lists [layers, steps, slots] (ascending, -1 padded) and counts [layers, steps, 1]."""
+    layers, steps = ids.shape[:2]
+    gen = torch.Generator().manual_seed(seed)
+    lists = torch.full((layers, steps, slots), -1, dtype=torch.int32)
+    counts = torch.zeros((layers, steps, 1), dtype=torch.int32)
+    for layer in range(1, layers):  # the first layer has none before it to fill its area
+        cached = set(hot[layer])
+        for step in range(steps):
+            true = sorted(set(ids[layer, step].flatten().tolist()) - cached)
+            others = [e for e in range(n_experts) if e not in cached and e not in true]
+            n = min(len(true), slots)
+            right = round(accuracy * n)
+            pick = [true[i] for i in torch.randperm(len(true), generator=gen)[:right].tolist()]
+            pick += [others[i] for i in torch.randperm(len(others), generator=gen)[:n - right].tolist()]
+            lists[layer, step, :n] = torch.tensor(sorted(pick), dtype=torch.int32)
+            counts[layer, step, 0] = n
+    return lists, counts
+
+
+def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None) -> tuple[list, list, int]:
+    """Per step and layer the staged misses and the experts prefetched for the next layer, and the hit picks."""
+    layers, steps = ids.shape[:2]
+    staged = [[0] * layers for _ in range(steps)]
+    prefetched = [[0] * layers for _ in range(steps)]
+    hit_picks = 0
+    for step in range(steps):
+        for layer in range(layers):
+            cached = set(hot[layer])
+            area = set() if lists is None else set(lists[layer, step].tolist()) - {-1}
+            picks = [e for e in ids[layer, step].flatten().tolist() if e not in cached]
+            hit_picks += sum(e in area for e in picks)
+            staged[step][layer] = len(set(picks) - area)
+            if lists is not None and layer + 1 < layers:
+                prefetched[step][layer] = int((lists[layer + 1, step] >= 0).sum())
+    return staged, prefetched, hit_picks
+
+
+def moe_batch(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor,
+              shape: Shape) -> torch.Tensor:
+    """moe_layer_bench's torch MoE, one token at a time (a token's picks read their experts' rows themselves)."""
+    return torch.stack([mlb.moe(x[i], rows, ids[i], gates[i], shape.hidden, shape.inter) for i in range(x.shape[0])])
+
+
+class Chain:
+    """The inputs of one batch size: trace ids [layers, steps, batch, top_k], activations, gates, outputs."""
+
+    def __init__(self, trace: torch.Tensor, steps: int, batch: int, shape: Shape, device: torch.device, seed: int):
+        self.shape, self.device = shape, device
+        self.ids = trace[:shape.layers, :steps * batch].reshape(shape.layers, steps, batch, -1).to(torch.int32)
+        gen = torch.Generator().manual_seed(seed)
+        self.xs = (torch.randn(shape.layers, steps, batch, shape.hidden, generator=gen) / shape.hidden ** 0.5).to(
+            torch.bfloat16).to(device)
+        self.gates = torch.softmax(torch.randn(*self.ids.shape, generator=gen), -1).to(device)
+        self.d_ids = self.ids.to(device)
+        self.out = torch.zeros(shape.layers, steps, batch, shape.hidden, dtype=torch.bfloat16, device=device)
+
+    def gpu_steps(self, everything: list[torch.Tensor]) -> Callable[[], None]:
+        def run() -> None:
+            for step in range(self.ids.shape[1]):
+                for layer in range(self.shape.layers):
+                    self.out[layer, step] = moe_batch(self.xs[layer, step], everything[layer],
+                                                      self.d_ids[layer, step], self.gates[layer, step], self.shape)
+        return run
+
+    def offloaded_steps(self, layers: list, params: list, lists: torch.Tensor | None,
+                        counts: torch.Tensor | None) -> Callable[[], None]:
+        d_lists = None if lists is None else lists.to(self.device)
+        d_counts = None if counts is None else counts.to(self.device)
+
+        def run() -> None:
+            for step in range(self.ids.shape[1]):
+                for layer, (offload, p) in enumerate(zip(layers, params)):
+                    if d_lists is not None and layer + 1 < len(layers):
+                        layers[layer + 1].prefetch.predicted.copy_(d_lists[layer + 1, step])
+                        layers[layer + 1].prefetch.predicted_count.copy_(d_counts[layer + 1, step])
+
+                    def apply(x, ids, w, first, p=p):  # noqa: ANN001, ANN202
+                        return moe_batch(x, p["w"].data, ids, w, self.shape)
+                    self.out[layer, step] = offload.forward(self.xs[layer, step], self.d_ids[layer, step],
+                                                            self.gates[layer, step], apply)
+        return run
+
+
+def build_layers(eo, hosts: list[torch.Tensor], hot: list[list[int]], shape: Shape, prefetch: int,
+                 device: torch.device) -> tuple[list, list]:
+    layers, params = [], []
+    for i, host in enumerate(hosts):
+        p = {"w": torch.nn.Parameter(host, requires_grad=False)}
+        layers.append(eo.expert_offload.LayerOffload(p, hot[i], len(hot[i]), shape.staging, device, 1 << 30, False,
+                                                     f"layers.{i}", prefetch))
+        params.append(p)
+    if prefetch:
+        eo.expert_prefetch.link(layers, device)
+    return layers, params
+
+
+def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
+    if graph is None:
+        run()
+    else:
+        graph.replay()
+        torch.cuda.synchronize()
+
+
+def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds: int, reps: int, seed: int,
+          device: torch.device) -> dict:
+    on_gpu = device.type == "cuda"
+    eo = kernel_sources.load_expert_offload(interpret=not on_gpu)
+    t = mlb.traces(4000, max(batches) * steps + 1, seed)
+    counts = mlb.pick_counts(t.collect)
+    # Four distinct host copies, layer i on copy i % 4: a copy's lines are long out of L2 when the layer 4 on reads
+    # it, and it halves the pinned memory of 8 layers (31 GiB).
+    distinct = [mlb.host_experts(mlb.N_EXPERTS, shape.expert_bytes, seed + i, pin=on_gpu)
+                for i in range(min(HOST_COPIES, shape.layers))]
+    hosts = [distinct[i % len(distinct)] for i in range(shape.layers)]
+    on_device = [h.to(device) for h in distinct]
+    everything = [on_device[i % len(distinct)] for i in range(shape.layers)]
+    link = mlb._link_rates(eo.expert_offload_kernels, distinct[0], reps, rounds) if on_gpu else {}
+    per_expert_s = shape.expert_bytes / (link["gather GB/s"] * 1e9) if on_gpu else 0.0
+    points: list[Point] = []
+    for batch in batches:
+        chain = Chain(t.held_out, steps, batch, shape, device, seed)
+        gpu = Point("all on the GPU", mlb.N_EXPERTS, batch, None)
+        run_gpu = chain.gpu_steps(everything)
+        run_gpu()
+        reference = chain.out.clone()
+        if on_gpu:
+            _time([(gpu, capture(run_gpu), run_gpu)], rounds, reps, steps)
+        points.append(gpu)
+        # The capped sweep: as many prefetch slots as the transfer the layer's compute covers (the cost model's rule
+        # for losing nothing at accuracy 0).
+        cap = max(1, int(statistics.median(gpu.step_s) / shape.layers / per_expert_s)) if on_gpu else 2
+        for size in sizes:
+            hot = [h.tolist() for h in mlb.per_layer_hot(counts, size)[:shape.layers]]
+            plain = build_layers(eo, hosts, hot, shape, 0, device)
+            variants = [(Point(f"per-layer cache {size}", size, batch, None),
+                         chain.offloaded_steps(*plain, None, None), None)]
+            checked = _check(variants, [], chain, hot, reference, on_gpu)
+            for slots, accuracies in ((shape.prefetch, ACCURACIES), (cap, CAPPED_ACCURACIES)):
+                fetching = build_layers(eo, hosts, hot, shape, slots, device)
+                variants = []
+                for accuracy in accuracies:
+                    lists, lcounts = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
+                    variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}", size, batch, accuracy),
+                                     chain.offloaded_steps(*fetching, lists, lcounts), lists))
+                checked += _check(variants, fetching[0], chain, hot, reference, on_gpu)
+            if on_gpu:
+                _time(checked, rounds, reps, steps)
+            points += [point for point, *_ in checked]
+            del plain, fetching, checked, variants
+            if on_gpu:
+                torch.cuda.empty_cache()
+    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+            "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
+            "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
+
+
+def _check(variants: list, fetching: list, chain: Chain, hot: list[list[int]], reference: torch.Tensor,
+           on_gpu: bool) -> list:
+    """Capture each variant (on CUDA), run it once, and stop unless it equals the all-on-GPU chain and its prefetch
+    counters show the hits its lists imply."""
+    done = []
+    for point, run, lists in variants:
+        graph = capture(run) if on_gpu else None
+        for layer in fetching:
+            layer.prefetch.reset_counters()
+        chain.out.fill_(float("nan"))
+        _once(run, graph)
+        if not torch.equal(chain.out, reference):
+            raise SystemExit(f"{point.name}, batch {point.batch}: the chain's outputs differ from the all-on-GPU one")
+        point.staged, point.prefetched, point.hit_picks = traffic(chain.ids, hot, lists)
+        counted = sum(int(layer.prefetch.hits) for layer in fetching) if lists is not None else 0
+        if counted != point.hit_picks:
+            raise SystemExit(f"{point.name}, batch {point.batch}: the prefetch counters say {counted} hit picks, the "
+                             f"lists imply {point.hit_picks}")
+        done.append((point, graph, run))  # the run's closure keeps the layers the graph reads alive
+    return done
+
+
+def _time(timed: list, rounds: int, reps: int, steps: int) -> None:
+    for _ in range(rounds):  # every variant in turn, so a drift of the link shows on all of them
+        for point, graph, *_ in timed:
+            point.step_s.append(replay_seconds(graph, reps) / steps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cpu", action="store_true", help="toy sizes on the CPU reference paths, no timing")
+    parser.add_argument("--sizes", default="54,66,128")
+    parser.add_argument("--batches", default="1,4")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    shape = Shape(hidden=32, inter=8) if args.cpu else Shape()
+    device = torch.device("cpu" if args.cpu else "cuda")
+    report = bench([int(n) for n in args.sizes.split(",")], [int(n) for n in args.batches.split(",")], args.steps,
+                   shape, args.rounds, args.reps, args.seed, device)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    for p in report["points"]:
+        median = f"{statistics.median(p['step_s']) * 1e3:.3f} ms" if p["step_s"] else "not timed"
+        print(f"batch {p['batch']} {p['name']:24s} {median}  hit picks {p['hit_picks']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The planner's question as the command line asks it: a profile name or path and its overrides, planned
+(rigstack.planner.core) and, on request, searched for the partition with the larger pool (rigstack.planner.search).
+What `python -m rigstack.planner` prints and rigstack.planner.plan_dict returns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rigstack.errors import UserError
+from rigstack.planner.core import Request, plan
+from rigstack.planner.search import search
+from rigstack.profiles import Profile, load_profile
+
+
+def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,
+             util: float | None = None, max_model_len: int | None = None, max_num_seqs: int | None = None,
+             model: str | Path | None = None, kv_space_gib: float | None = None,
+             search_partition: bool = False) -> dict[str, Any]:
+    """plan() for a profile name or path, with the command line's overrides, as JSON-ready data; with
+    search_partition, the searched partition's plan, with "search" comparing it to the given one."""
+    if isinstance(partition, str):
+        try:
+            partition = [int(part) for part in partition.split(",")]
+        except ValueError:
+            raise UserError(f"--partition {partition!r}: give layer counts separated by commas, like 11,10,10") \
+                from None
+    request = Request(load_profile(profile), pp=pp, tp=tp, partition=tuple(partition) if partition else None,
+                      util=util, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                      model=Path(model) if model else None, kv_space_gib=kv_space_gib)
+    given = plan(request)
+    result = given.to_json()
+    if search_partition:
+        found = search(request)
+        result = found.to_json()
+        result["search"] = {"given_partition": given.partition, "given_pool_tokens": given.pool_tokens,
+                            "given_starts": given.starts, "given_refusal_stage": given.refusal_stage,
+                            "given_short_stages": given.short_stages, "found_partition": found.partition,
+                            "found_pool_tokens": found.pool_tokens}
+    result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
+    return result
+
+
+def target_sessions(profile: Profile, max_num_seqs: int) -> float:
+    hints = profile.planner
+    return hints.target_sessions if hints and hints.target_sessions else float(max_num_seqs)

@@ -1,0 +1,52 @@
+"""README's counts and examples against the tool (issue 29): a figure the stack changes comes from the stack, and an
+example runs as printed. The port row and the planner tables have their own tests (test_tool_venv.py,
+test_planner_published.py)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+
+from rigstack.rigimages import laid_files
+from rigstack.localbase import ROOTFS_PACKAGES
+from rigstack.preflight.knowledge import find_package
+from rigstack.stack import load_stack
+from rigstack.versions import REPO_ROOT
+
+README = (REPO_ROOT / "README.md").read_text()
+
+
+def _row(start: str) -> str:
+    return next(line for line in README.splitlines() if line.startswith(start))
+
+
+def test_the_apply_benchmark_row_counts_the_stack() -> None:
+    row = _row("| apply: naive reproduce block / apply.py cold |")
+    assert int(re.search(r"the stack has (\d+) now", row).group(1)) == len(load_stack().patches), row
+
+
+def test_the_image_row_counts_the_files_the_stack_lays() -> None:
+    """The image lays what the patched package changed, plus the stamp (rigstack.rigimages.laid_files)."""
+    row = _row("| `apply.py apply --from image:")
+    package = find_package()
+    assert package is not None, "the test venv's vllm is patched by scripts/test_env.sh"
+    assert int(re.search(r"the stack lays (\d+) files now", row).group(1)) == len(laid_files(package)), row
+
+
+def test_the_swap_example_runs_as_printed() -> None:
+    start = README.index("python scripts/probe_bang.py swap ")
+    example = README[start:README.index("\n", README.index("--dry-run", start))].replace("\\\n", " ")
+    words = shlex.split(example.split("#")[0])
+    assert words[:2] == ["python", "scripts/probe_bang.py"]
+    done = subprocess.run([sys.executable, *words[1:]], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "dry run: nothing started" in done.stderr, done.stdout + done.stderr
+
+
+def test_the_cpu_base_docs_name_its_compiler() -> None:
+    """The local CPU base installs g++ (inductor needs it); the docker profile's comment said it had none."""
+    assert "g++" in ROOTFS_PACKAGES
+    for path in (REPO_ROOT / "profiles" / "cpu-tiny-docker.yaml", REPO_ROOT / "images" / "README.md"):
+        text = path.read_text()
+        assert "g++" in text and "no C++ compiler" not in text, path
