@@ -47,11 +47,14 @@ def retry_flags(router: Router) -> list[str]:
     """A request on a replica that dies is tried again until the health checks have taken the replica out of
     rotation (interval x failure threshold, twice over), so a crash loses no request; meanwhile the circuit breaker
     skips the dead replica after two failures. vllm-router's defaults (5 tries from 50 ms, x1.5: 0.66 s in all)
-    give up before a 1 s x 2 health check notices, and cache_aware sends every retry back to the dead replica."""
+    give up before a 1 s x 2 health check notices, and cache_aware sends every retry back to the dead replica.
+    The breaker reopens for a trial after that same window: by then the health checks hold a dead replica out, and
+    a restarted one gets traffic once healthy (the router's 60 s default kept a replica back 30 s beyond its boot)."""
     window_ms = 2 * router.health_check_interval_s * router.health_failure_threshold * 1000
     tries = math.ceil(math.log2(window_ms / RETRY_FIRST_MS + 1)) + 1  # n tries wait 100 x (2^(n-1) - 1) ms
     return ["--retry-max-retries", str(tries), "--retry-initial-backoff-ms", str(RETRY_FIRST_MS),
-            "--retry-backoff-multiplier", "2", "--cb-failure-threshold", str(BREAKER_FAILURES)]
+            "--retry-backoff-multiplier", "2", "--cb-failure-threshold", str(BREAKER_FAILURES),
+            "--cb-timeout-duration-secs", str(math.ceil(window_ms / 1000))]
 
 
 def router_flags(profile: Profile, worker_urls: list[str], host: str) -> list[str]:
