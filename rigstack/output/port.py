@@ -10,6 +10,7 @@ from rigstack.port import PortReport
 
 
 _STYLE = {"clean": "green", "refreshed": "yellow", "moved": "cyan", "upstreamed": "blue", "dropped": "dim",
+          "waiting": "magenta",
           "pending": "dim"}
 
 

@@ -29,14 +29,20 @@ def _replay(work: Path, state: PortState, stack: Stack, stop: bool) -> PortState
                                  "the patch is needed again")
         elif repo.applies_to(head_tree, patch.path, "-R").ok:
             entry.status, entry.detail = "upstreamed", f"its reverse applies to vLLM {state.new.version}"
+        elif (waits := _waits_on(repo, state, position, outcome.conflicted, head_tree)) and not stop \
+                and set(waits) == set(outcome.conflicted):
+            # Every file it conflicts in is one an earlier patch creates and that patch is not on the new line yet:
+            # git says "deleted in vllm-X", but nothing upstream deleted it. Resolving the earlier patch decides.
+            entry.status, entry.files, entry.detail = "waiting", list(outcome.conflicted), "; ".join(waits.values())
         else:
             entry.status, entry.files = "conflict", list(outcome.conflicted)
-            entry.conflicts = _conflict_sites(repo, patch, outcome.tree, outcome.conflicted, outcome.messages,
-                                              state.old.version)
+            entry.conflicts = [site for site in _conflict_sites(repo, patch, outcome.tree, outcome.conflicted,
+                                                                outcome.messages, state.old.version)
+                               if site.file.removeprefix("vllm/") not in waits]
             entry.upstream_lines = list(_lines_upstream(repo, base, state.new.commit, patch, outcome.conflicted))
             lead = _looks_upstreamed(entry, state.new.version)
             sites = [f"{site.hunk} of {site.file} (merged lines {site.lines})" for site in entry.conflicts]
-            entry.detail = "; ".join(([lead] if lead else []) + sites)
+            entry.detail = "; ".join([*waits.values(), *([lead] if lead else []), *sites])
             if stop:
                 repo.set_branch(state.head)
                 repo.lay_tree(outcome.tree)
@@ -68,3 +74,20 @@ def _old_change(repo: PackageRepo, state: PortState, patch: Patch, position: int
         without = repo.commit_tree(repo.write_tree(index), None, f"port: vLLM {state.old.version} without "
                                                                   f"{patch.file}\n")
     return without, repo.commit_tree(old_tree, without, history.commit_message(patch, "already-applied")), True
+
+
+def _waits_on(repo: PackageRepo, state: PortState, position: int, conflicted: tuple[str, ...],
+              head_tree: str) -> dict[str, str]:
+    """Conflicted file -> 'waits on NNNN (status), which creates it' for each file an earlier patch creates that is
+    not on the new line (that patch is a conflict, still waiting, or dropped)."""
+    waits = {}
+    for path in conflicted:
+        if repo.blob_text(head_tree, path) is not None or repo.blob_text(state.old.commit, path) is not None:
+            continue
+        for earlier in range(position):
+            parent = state.old_commits[earlier - 1] if earlier else state.old.commit
+            if repo.blob_text(parent, path) is None and repo.blob_text(state.old_commits[earlier], path) is not None:
+                creator = state.patches[earlier]
+                waits[path] = f"waits on {creator.id} ({creator.status}), which creates vllm/{path}"
+                break
+    return waits

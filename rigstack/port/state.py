@@ -35,7 +35,7 @@ class ConflictSite(BaseModel):
 class PortedPatch(BaseModel):
     id: str
     file: str
-    status: str = "pending"  # clean, refreshed, upstreamed, moved, conflict, dropped
+    status: str = "pending"  # clean, refreshed, upstreamed, moved, conflict, waiting (report only), dropped
     detail: str = ""
     files: list[str] = []
     moved: dict[str, str] = {}  # old path -> new path

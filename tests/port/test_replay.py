@@ -31,6 +31,28 @@ def test_report_only_walks_the_whole_stack(pair: Pair) -> None:
     assert not pair.work.exists() or not any(pair.work.iterdir()), "report-only keeps nothing"
 
 
+def test_a_patch_on_a_file_an_earlier_conflict_creates_waits_on_it(pair: Pair) -> None:
+    """Issue 36 item 4a: 0012 edits stage_timing.py, which 0003 creates; while 0003 conflicts, git says the file was
+    "deleted in vllm-0.34.0". The report names the earlier patch instead, and a real conflict beside it stays one."""
+    maker = pair.maker
+    parser = maker.edit("parser.py", "    value = raw.strip()\n",
+                        "    value = raw.strip()\n    value = None if value == 'null' else value\n")  # 0004's
+    creator = {"parser.py": parser["parser.py"].replace("'null'", "'nil'"), "hooks.py": "HOOK = 1\n"}
+    maker.write(pair.patches, "0006-parser-hooks.patch", creator, on_top_of=parser)
+    maker.write(pair.patches, "0007-hooks-only.patch", {"hooks.py": "HOOK = 2\n"}, on_top_of={**parser, **creator})
+    after = {**parser, **creator, "hooks.py": "HOOK = 2\n"}
+    maker.write(pair.patches, "0008-hooks-and-parser.patch", {"hooks.py": "HOOK = 3\n", "parser.py":
+                creator["parser.py"].replace("'nil'", "'none'")}, on_top_of=after)
+    report = pair.run("report-only")
+    creator_entry, waiting, mixed = report.state.patches[5:]
+    assert creator_entry.status == "conflict"
+    assert waiting.status == "waiting" and waiting.conflicts == []
+    assert waiting.detail == "waits on 0006 (conflict), which creates vllm/hooks.py"
+    assert "deleted" not in waiting.detail
+    assert mixed.status == "conflict" and mixed.detail.startswith("waits on 0006 (conflict), which creates")
+    assert [site.file for site in mixed.conflicts] == ["vllm/parser.py"]
+
+
 @pytest.mark.slow
 def test_the_real_stack_ports_to_0_33_0_report_only() -> None:
     """CI keeps build/port-report-0.33.0.json as an artifact: the state of the real stack against 0.33.0."""
