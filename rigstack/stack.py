@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path, PurePosixPath
 
+from rigstack import treeswap
 from rigstack.errors import UserError
 from rigstack.invocation import command
 from rigstack.files import MIB, read_regular
@@ -184,6 +185,7 @@ def stack_hash(patches: tuple[Patch, ...] | list[Patch]) -> str:
 
 def load_stack(patches_dir: Path = DEFAULT_PATCHES_DIR) -> Stack:
     """Every NNNN-*.patch in the folder, in id order; anything malformed is an error before any work starts."""
+    treeswap.recover(patches_dir.parent)  # a port --write killed half way is finished first
     if not patches_dir.is_dir():
         raise UserError(f"patch folder {patches_dir} does not exist; pass --patches DIR")
     patches = []

@@ -7,6 +7,7 @@ import shlex
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from rigstack import treeswap
 from rigstack.atomic import write_atomic
 from rigstack.errors import UserError
 
@@ -67,6 +68,7 @@ def parse_env_file(path: Path) -> dict[str, str]:
 
 
 def load_pins(path: Path = VERSIONS_FILE) -> Pins:
+    treeswap.recover(path.parent)  # a port --write killed half way is finished first
     if not path.is_file():
         raise UserError(f"{path} not found; run from a rigstack checkout")
     values = parse_env_file(path)
@@ -77,8 +79,9 @@ def load_pins(path: Path = VERSIONS_FILE) -> Pins:
     return Pins(**{name: values[key] for key, name in wanted.items()})
 
 
-def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE) -> None:
-    """Rewrite the given keys in place, keeping comments and order (used by `apply.py port --write`)."""
+def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE, into: Path | None = None) -> None:
+    """Rewrite the given keys, keeping comments and order, in place or into another file (port --write stages the
+    new versions.env beside the old one)."""
     lines = path.read_text().splitlines(keepends=True)
     pending = dict(changes)
     for index, line in enumerate(lines):
@@ -88,7 +91,7 @@ def update_pins(changes: dict[str, str], path: Path = VERSIONS_FILE) -> None:
             lines[index] = f"{key}={shlex.quote(value) if value else ''}\n"  # empty stays `KEY=`, as written
     if pending:
         raise UserError(f"{path}: no line for {', '.join(sorted(pending))}; add the keys first")
-    write_atomic(path, "".join(lines))
+    write_atomic(into or path, "".join(lines))
 
 
 def package_version(version_py: str) -> str | None:

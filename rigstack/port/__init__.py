@@ -32,11 +32,13 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from rigstack import treeswap
 from rigstack.baseline import parse_base, parse_source
 from rigstack.errors import UserError
 from rigstack.port.resume import _continue
 from rigstack.port.start import _base, _start
-from rigstack.port.state import ACTIONS, LOCK_DIR, PortReport, PortState, _find_work, _load, _repo, port_command
+from rigstack.port.state import (ACTIONS, LOCK_DIR, STATE, PortReport, PortState, _find_work, _load, _repo,
+                                 port_command)
 from rigstack.port.write import _write
 from rigstack.stack import DEFAULT_PATCHES_DIR
 from rigstack.versions import VERSIONS_FILE, Pins
@@ -64,6 +66,7 @@ def port(action: str, pins: Pins, to: str | None = None, source: str = "wheel",
     if action not in ACTIONS:
         raise UserError(f"unknown port action {action!r}; use one of {', '.join(ACTIONS)}")
     work_root = work_root.absolute()  # git runs in the package folder: every path it gets must be absolute
+    treeswap.recover(patches_dir.parent)  # a --write killed half way is finished before anything reads the state
     if action in ("start", "report-only"):
         if not to:
             raise UserError("--to VERSION is required to start a port, e.g. "
@@ -75,6 +78,7 @@ def port(action: str, pins: Pins, to: str | None = None, source: str = "wheel",
     work = _find_work(work_root, to)
     if action == "abort":
         state = _load(work)
+        treeswap.discard([Path(state.patches_dir), versions_file, work / STATE])  # a --write killed while staging
         shutil.rmtree(work)
         written = " (the stack and pins it wrote stay: use git to undo them)" if state.status == "written" else ""
         return PortReport(None, state, message=f"removed {work}: patches/ and versions.env are as before the "

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import shutil
 from functools import partial
 from pathlib import Path
 
+from rigstack import treeswap
 from rigstack.atomic import write_atomic
-from rigstack.baseline import (sha256_of)
+from rigstack.baseline import sha256_of
 from rigstack.errors import UserError
-from rigstack.port.state import PORTED, PortReport, PortState, WRITABLE, _save, port_command
-from rigstack.stack import load_stack
+from rigstack.port.state import PORTED, STATE, PortReport, PortState, WRITABLE, port_command
+from rigstack.stack import Stack, load_stack
 from rigstack.versions import Pins, update_pins
 
 
@@ -34,28 +36,45 @@ def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> Por
                         f"`{command('--abort')}` then `{command(f'--to {state.new.version}')}`")
     assert all(entry.status in WRITABLE for entry in state.patches)
     changes = _new_pins(state, pins)  # a download: before anything is written
+    own_pins = patches_dir.resolve() == (versions_file.parent / "patches").resolve()
+    targets = [patches_dir, *([versions_file] if own_pins else []), work / STATE]
+    try:
+        _stage_stack(work, state, stack, treeswap.staged(patches_dir))
+        state.status = "written"
+        if own_pins:
+            update_pins(changes, versions_file, into=treeswap.staged(versions_file))
+        else:
+            # A side folder ported onto the pin: its pins belong to whatever checkout it becomes the patches/ of.
+            pins_text = " ".join(f"{key}={value}" for key, value in changes.items())
+            state.notes.append(f"the pins were not written: {patches_dir} is not the patches/ beside "
+                               f"{versions_file}; the versions.env of the checkout whose patches/ it becomes takes "
+                               f"{pins_text}")
+        write_atomic(treeswap.staged(work / STATE), state.model_dump_json(indent=2).encode())
+    except BaseException:
+        treeswap.discard(targets)  # nothing was swapped: the tree is as before
+        raise
+    treeswap.swap(targets)  # all of patches/, versions.env and the port's state, or none
+    if not own_pins:
+        return PortReport(str(work), state, message=f"wrote the stack to {patches_dir}; the pins for it are in the "
+                                                    "notes (not written: it is not this checkout's patches/)")
+    return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
+
+
+def _stage_stack(work: Path, state: PortState, stack: Stack, into: Path) -> None:
+    """The new patches/ in full beside the old one: the ported patches, a note for each one removed, and whatever
+    else the folder holds (README, COVERAGE) as it is."""
+    shutil.rmtree(into, ignore_errors=True)
+    shutil.copytree(Path(state.patches_dir), into, symlinks=True)
     for patch, entry in zip(stack.patches, state.patches):
         if entry.status in ("upstreamed", "dropped"):
             why = (f"vLLM {state.new.version} already holds this change" if entry.status == "upstreamed"
                    else f"dropped with --skip while porting to vLLM {state.new.version}")
             note = (f"Removed: {why} ({entry.detail}); `apply.py port --write` removed the patch when porting "
                     f"from vLLM {state.old.version}.\nSha256: {patch.sha256}\n{patch.header_text}")
-            write_atomic(patches_dir / f"{patch.file.removesuffix('.patch')}.{entry.status}", note.encode())
-            patch.path.unlink()
+            (into / f"{patch.file.removesuffix('.patch')}.{entry.status}").write_text(note)
+            (into / patch.file).unlink()
         else:
-            write_atomic(patch.path, (work / PORTED / patch.file).read_bytes())
-    state.status = "written"
-    if patches_dir.resolve() != (versions_file.parent / "patches").resolve():
-        # A side folder ported onto the pin: its pins belong to whatever checkout it becomes the patches/ of.
-        pins_text = " ".join(f"{key}={value}" for key, value in changes.items())
-        state.notes.append(f"the pins were not written: {patches_dir} is not the patches/ beside {versions_file}; "
-                           f"the versions.env of the checkout whose patches/ it becomes takes {pins_text}")
-        _save(work, state)
-        return PortReport(str(work), state, message=f"wrote the stack to {patches_dir}; the pins for it are in the "
-                                                    "notes (not written: it is not this checkout's patches/)")
-    update_pins(changes, versions_file)
-    _save(work, state)
-    return PortReport(str(work), state, message=f"wrote the stack to {patches_dir} and the pins to {versions_file}")
+            shutil.copyfile(work / PORTED / patch.file, into / patch.file)
 
 
 def _new_pins(state: PortState, pins: Pins) -> dict[str, str]:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from rigstack import applier, patched
+from rigstack import applier, patched, treeswap
 from rigstack.baseline import fingerprint, parse_source, sha256_of
 from rigstack.errors import UserError
 from rigstack.stack import load_stack
+from rigstack.versions import REPO_ROOT
 from testing.port import NEW, NEW_TREE, RESOLVED, Pair
 from testing.port import statuses as _statuses
 
@@ -91,3 +95,41 @@ def test_a_port_of_another_folder_writes_that_folder_and_no_pins(pair: Pair) -> 
                                               f"becomes takes VLLM_SDIST={pair.new_sdist.name} ")
     assert f"VLLM_VERSION={NEW}" in written.state.notes[-1]
     assert (side / "0003-div-by-zero.upstreamed").is_file() and not (side / "0003-div-by-zero.patch").exists()
+
+
+_WRITE = """import sys
+from pathlib import Path
+from rigstack import port
+from rigstack.versions import load_pins
+root = Path(sys.argv[1])
+port.port("write", load_pins(root / "versions.env"), patches_dir=root / "patches", work_root=root / "build",
+          versions_file=root / "versions.env")
+"""
+
+
+@pytest.mark.parametrize("step", ["staged", "journal", "aside-1", "moved-1", "moved-2", "moved-3"])
+def test_write_killed_at_any_step_leaves_the_tree_wholly_old_or_wholly_new(pair: Pair, step: str) -> None:
+    """Issue 39 item 1: a kill -9 part way through --write left patches/ half old, half new, versions.env old and
+    the port "done"; --write then said "nothing was written" and --abort "as before the port", both false. Killed
+    before its journal, the tree is wholly old and --write starts over; after it, the next reader finishes the
+    swap: the tree is wholly new and --write says it was written."""
+    before = pair.snapshot()
+    pair.run("start")
+    (Path(pair.work) / "port-9.0.0-to-9.1.0" / "vllm" / "parser.py").write_text(RESOLVED)
+    pair.run("continue")
+    killed = subprocess.run([sys.executable, "-c", _WRITE, str(pair.root)], capture_output=True, text=True,
+                            env={**os.environ, treeswap.STOP_AFTER: step}, cwd=REPO_ROOT)
+    assert killed.returncode == 137, killed.stderr
+    if step == "staged":  # before the journal: nothing was swapped
+        assert pair.snapshot() == before
+        assert pair.run("abort").message.endswith("patches/ and versions.env are as before the port")
+        assert sorted(path.name for path in pair.root.iterdir() if "swap" in path.name) == []
+        return
+    with pytest.raises(UserError, match="already written"):
+        pair.run("write")  # the pins it loads finish the swap first
+    assert pair.pins.vllm_version == NEW
+    names = sorted(path.name for path in pair.patches.iterdir())
+    assert names == ["0001-helper-note.patch", "0002-cli-option.patch", "0003-div-by-zero.upstreamed",
+                     "0004-parser-null.patch", "0005-unrelated.patch"]
+    assert [path.name for path in pair.root.iterdir() if "swap" in path.name] == []
+    assert "the stack and pins it wrote stay" in pair.run("abort").message
