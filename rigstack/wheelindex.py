@@ -74,3 +74,13 @@ def _pip_reason(stderr: str) -> str:
     if any("No matching distribution" in line for line in lines):
         return "no such release"
     return lines[-1][:160] if lines else "pip failed"
+
+
+def newest_release(dist: str) -> str:
+    """The newest release of dist on the package index, as pip sees it (pre-releases left out)."""
+    result = subprocess.run([sys.executable, "-m", "pip", "index", "versions", dist], capture_output=True, text=True)
+    first = result.stdout.strip().splitlines()[:1]
+    if result.returncode != 0 or not first or not first[0].startswith(f"{dist} ("):
+        raise UserError(f"could not ask the package index for {dist}'s newest release "
+                        f"({_pip_reason(result.stderr)}); give the release, e.g. --to 0.34.0")
+    return first[0].split("(", 1)[1].rstrip(")")

@@ -96,6 +96,12 @@ else
         # servers of ~2.5 GiB side by side fit the smallest box CI runs on (24 GiB).
         log "pytest (everything else)"
         run_pytest --ignore=tests/kernels -n 2 --dist loadfile --durations=25 || failed=1
+        # The newest vLLM on the package index against the stack, kept as a file: how the project learns of a
+        # release the week it appears. Its statuses (conflicts included) never fail the run; README says how to read it.
+        log "the stack against the newest vLLM release (build/port-report-latest.json)"
+        mkdir -p build
+        "$py" apply.py port --to latest --report-only --json --work "$RIGSTACK_CACHE/port-latest" \
+            > build/port-report-latest.json || echo "note: port --to latest could not report (see above); not a failure"
     fi
 fi
 exit "$failed"

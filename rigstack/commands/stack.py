@@ -135,7 +135,7 @@ def diff(package: PackageArg) -> int:
 
 
 @app.command()
-def port(to: Annotated[str | None, typer.Option("--to", help="the vLLM release to port to, e.g. 0.33.0")] = None,
+def port(to: Annotated[str | None, typer.Option("--to", help="a vLLM release, e.g. 0.33.0, or latest")] = None,
          source: FromOpt = "wheel", patches: PatchesOpt = DEFAULT_PATCHES_DIR, as_json: JsonOpt = False,
          sha256: Annotated[str | None, typer.Option(help="expected sha256 of the new wheel")] = None,
          base: Annotated[str | None, typer.Option(help="the vLLM the stack was made on, if not the pin: "

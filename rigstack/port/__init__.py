@@ -42,6 +42,7 @@ from rigstack.port.state import (ACTIONS, LOCK_DIR, STATE, PortReport, PortState
 from rigstack.port.write import _write
 from rigstack.stack import DEFAULT_PATCHES_DIR
 from rigstack.versions import VERSIONS_FILE, Pins
+from rigstack.wheelindex import newest_release
 
 # The package's API; _load and _repo read a work area (the tests look into one).
 __all__ = ["LOCK_DIR", "PortReport", "PortState", "_load", "_repo", "action_of", "port"]
@@ -71,6 +72,11 @@ def port(action: str, pins: Pins, to: str | None = None, source: str = "wheel",
         if not to:
             raise UserError("--to VERSION is required to start a port, e.g. "
                             f"`{port_command(work_root, '--to 0.33.0')}`")
+        if to == "latest":  # how the project learns of a release the week it appears (CI runs it)
+            to = newest_release("vllm")
+            if to == pins.vllm_version and not base:
+                return PortReport(None, None, message=f"vLLM {to} is the newest release on the package index and "
+                                                      "the pin already: nothing to port")
         old = _base(parse_base(base), base_sha256, pins) if base else None
         return _start(to, parse_source(source), patches_dir, sha256, pins, work_root, action == "report-only", old)
     if base or base_sha256:

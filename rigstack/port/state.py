@@ -84,8 +84,10 @@ class PortReport:
     old_stack: applier.StackResult | None = None  # the stack on the pinned release, when it does not apply there
 
     def to_json(self) -> dict:
-        """One shape for every outcome: a port's state, or (when there is none) status "failed" and the error."""
-        state = self.state.model_dump(mode="json") if self.state else {"status": "failed"}
+        """One shape for every outcome: a port's state, or (when there is none) status "failed" and the error, or
+        "up-to-date" (`--to latest` when the pin is the newest release)."""
+        state = (self.state.model_dump(mode="json") if self.state
+                 else {"status": "failed" if self.error else "up-to-date"})
         old = {"old_stack": self.old_stack.to_json()} if self.old_stack else {}
         return {"work": self.work, "error": self.error, "next_steps": list(self.instructions), "message": self.message,
                 **state, **old}

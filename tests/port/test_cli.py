@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 
-from rigstack.versions import load_pins
+from packaging.version import Version
+
+from rigstack.versions import load_pins, update_pins
+from rigstack.wheelindex import newest_release
 from testing.cli import one_line_error, run_apply
 from testing.patches import PatchMaker
-from testing.port import REAL_NEW
+from testing.port import REAL_NEW, Pair
 
 
 def test_cli_bad_input_is_one_line(tmp_path: Path) -> None:
@@ -48,3 +51,23 @@ def test_cli_json_in_every_outcome(patch_maker: PatchMaker, tmp_path: Path) -> N
     assert refused.returncode == 1
     assert json.loads(refused.stdout) == {"work": None, "error": one_line_error(refused).removeprefix("error: "),
                                           "next_steps": [], "message": "", "status": "failed"}
+
+
+def test_to_latest_asks_the_index_for_the_newest_release(tmp_path: Path) -> None:
+    """Issue 36 item 6: `port --to latest --report-only` reports the stack against the newest vLLM on the index."""
+    result = run_apply("port", "--to", "latest", "--report-only", "--json", "--work", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    pinned = load_pins().vllm_version
+    if report["status"] == "up-to-date":
+        assert f"vLLM {pinned} is the newest release" in report["message"]
+    else:
+        assert Version(report["new"]["version"]) > Version(pinned) and report["patches"]
+
+
+def test_to_latest_when_the_pin_is_the_newest_says_so(pair: Pair) -> None:
+    newest = newest_release("vllm")
+    update_pins({"VLLM_VERSION": newest}, pair.versions)
+    report = pair.run("report-only", to="latest")
+    assert report.error is None and report.to_json()["status"] == "up-to-date"
+    assert report.message.startswith(f"vLLM {newest} is the newest release")
