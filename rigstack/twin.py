@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import subprocess
+import zipfile
 from pathlib import Path
 
 from rigstack.cache import cache_dir
@@ -25,6 +27,9 @@ TWIN_PATCHES = REPO_ROOT / "twin"
 # _C_AVX2 only, and oneDNN's JIT is capped at AVX2, so both kinds of host run the same kernels.
 ISA = "AVX2"
 RECORD = "wheel.sha256"
+# What the wheel declares but cannot have here: a torch +cpu build and triton-cpu (no registry here serves either;
+# the venv's torch is the pinned CUDA build), and torch's companions, whose CUDA builds break `import vllm`.
+_NOT_INSTALLED = re.compile(r"(torch|torchaudio|torchvision|torchcodec|triton)\b(?![-_.])")
 
 
 def build_inputs() -> Path:
@@ -71,3 +76,12 @@ def compiler() -> str:
         return subprocess.run(["c++", "-dumpfullversion"], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         raise UserError("no C++ compiler (c++) found; install g++ (apt-get install g++)") from None
+
+
+def runtime_requirements(wheel: Path) -> list[str]:
+    """The wheel's Requires-Dist, less its extras and what it cannot have here (see _NOT_INSTALLED)."""
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        lines = archive.read(metadata).decode().splitlines()
+    wanted = [line.removeprefix("Requires-Dist: ") for line in lines if line.startswith("Requires-Dist: ")]
+    return [req for req in wanted if "extra ==" not in req and not _NOT_INSTALLED.match(req)]

@@ -32,8 +32,7 @@ if [ "$VLLM_CPU_WHEEL" = twin ]; then
     if [ "$(cat "$venv/twin.sha256" 2>/dev/null)" != "$sha" ]; then
         log "install the twin's wheel $(basename "$wheel") and its runtime requirements"
         "$venv/bin/uv" pip install -q --python "$py" --no-deps --reinstall "$wheel"
-        unzip -p "$wheel" '*.dist-info/METADATA' | sed -n 's/^Requires-Dist: //p' | grep -v 'extra ==' |
-            grep -vE '^(torch|torchaudio|torchvision|torchcodec|triton)( |;|=|>|<|$)' > "$venv/twin-requirements.txt"
+        "$py" -m rigstack twin --requirements > "$venv/twin-requirements.txt"
         echo "torch==$TORCH_VERSION" > "$venv/twin-constraints.txt"
         "$venv/bin/uv" pip install -q --python "$py" -r "$venv/twin-requirements.txt" -c "$venv/twin-constraints.txt"
         echo "$sha" > "$venv/twin.sha256"
