@@ -63,7 +63,8 @@ def test_the_real_stack_ports_to_0_33_0_report_only() -> None:
     artifact.parent.mkdir(exist_ok=True)
     artifact.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     assert [p["id"] for p in report["patches"]] == list(load_stack().ids)
-    assert all(p["status"] in ("clean", "refreshed", "moved", "upstreamed", "conflict") for p in report["patches"])
+    assert all(p["status"] in ("clean", "refreshed", "moved", "upstreamed", "conflict", "waiting")
+               for p in report["patches"])
     for entry in report["patches"]:
         if entry["status"] == "conflict":
             assert entry["conflicts"] and all(site["file"].startswith("vllm/") for site in entry["conflicts"])
