@@ -38,7 +38,7 @@ def test_bad_sha256_and_bad_versions_are_refused_before_any_work(pair: Pair) -> 
     with pytest.raises(UserError, match="already targets vLLM 9.0.0"):
         pair.run("start", to=OLD)
     with pytest.raises(UserError, match="is not a vLLM version"):
-        pair.run("start", to="latest")
+        pair.run("start", to="newest")
     assert not pair.work.exists() or not any(pair.work.iterdir())
     patched = pair.root / "site" / "vllm"
     shutil.copytree(pair.root / "old" / "vllm", patched, ignore=shutil.ignore_patterns(".git"))
