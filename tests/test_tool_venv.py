@@ -179,7 +179,7 @@ def test_one_rigstack_command_with_the_shims_options(tool_python: Path, helps: d
     assert sorted(commands_of(top.stdout)) == sorted(
         ["apply", "check", "status", "diff", "export", "import", "port", "preflight", "plan", "plan-published",
          "plan-shipped", "image", "serve", "stop", "bench", "conc", "needle", "qual", "compare", "bang", "expert-trace",
-         "upstream-tests", "prove-patch-tests"])
+         "upstream-tests", "prove-patch-tests", "twin"])
     for shim, command in SHIMS:
         flags = [set(re.findall(r"--[a-z][a-z0-9-]*", helps[words])) for words in (shim, ("-m", "rigstack", *command))]
         assert flags[0] == flags[1], (shim, command)
