@@ -7,9 +7,8 @@ grows, or a /proc file that reports size 0, still stops at `limit`.
 
 from __future__ import annotations
 
-import hashlib
-
 import errno
+import hashlib
 import os
 import stat
 from pathlib import Path

@@ -21,6 +21,7 @@ from rigstack.upstreamtests import fetch_sdist
 from rigstack.versions import REPO_ROOT, Pins
 
 _STEP = re.compile(r"\[(\d+)/(\d+)\]")
+_ERROR = re.compile(r"\berror:|CMake Error")  # gcc's "fatal error:" and "error:", cmake's own
 
 
 def build(pins: Pins, python: str, on_event: Callable[[str], None], jobs: int | None = None) -> Path:
@@ -34,6 +35,8 @@ def build(pins: Pins, python: str, on_event: Callable[[str], None], jobs: int | 
     if (target / twin.RECORD).is_file():
         on_event(f"the wheel in {target} no longer matches its recorded sha256: rebuilding it")
     onednn = _checked_onednn(pins)
+    if not Path("/usr/include/numa.h").is_file():  # vLLM's CPU code links libnuma
+        raise UserError("the CPU twin's build needs libnuma's headers (numa.h); apt-get install libnuma-dev")
     sdist = fetch_sdist(pins)
     work = cache_dir() / "twins" / f".build-{twin.key(pins)}"
     shutil.rmtree(work, ignore_errors=True)
@@ -131,5 +134,5 @@ def _compile(command: list[str], cwd: Path, env: dict[str, str], log: Path, on_e
             raise
     if process.returncode != 0:
         text = log.read_text(errors="replace").splitlines()
-        first = next((line.strip() for line in text if " error" in line or line.startswith("CMake Error")), "")
+        first = next((line.strip() for line in text if _ERROR.search(line)), "")
         raise UserError(f"the twin's build failed at: {first[:200] or 'see the log'}; log: {log}")
