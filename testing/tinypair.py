@@ -6,6 +6,7 @@ its real engine config and each KV layer's spec built by the real layer (patches
                                                 loader, the drafter's layer as DFlashQwen3Attention builds its
                                                 Attention; needs a model-parallel group (single_rank_dist)
     resolve_layout(config, specs)               the engine core's layout choice from the pair's CPU backends
+    no_accelerator()                            torch.accelerator as the CPU worker leaves it before a load
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from rigstack.tinydflash import build_tiny_dflash, build_tiny_mla_target
+from rigstack.twinconfig import rigs_runner
 
 
 def engine_config(window: int, seqs: int) -> Any:
@@ -20,10 +22,11 @@ def engine_config(window: int, seqs: int) -> Any:
 
     target = build_tiny_mla_target()
     draft = build_tiny_dflash(target, sliding_window=window)
-    return EngineArgs(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=seqs, block_size=16,
-                      attention_backend="CPU_MLA",
-                      speculative_config={"method": "dflash", "model": str(draft), "num_speculative_tokens": 3}
-                      ).create_engine_config()
+    with rigs_runner():  # the twin's standalone runner would refuse the drafter; the rigs' V2 runner takes it
+        return EngineArgs(model=str(target), dtype="bfloat16", max_model_len=2048, max_num_seqs=seqs,
+                          block_size=16, attention_backend="CPU_MLA",
+                          speculative_config={"method": "dflash", "model": str(draft), "num_speculative_tokens": 3}
+                          ).create_engine_config()
 
 
 def _drafter_layer(config: Any, first: int) -> Any:
@@ -38,13 +41,18 @@ def _drafter_layer(config: Any, first: int) -> Any:
                      per_layer_sliding_window=window, prefix=f"model.layers.{first}.self_attn.attn")
 
 
+def no_accelerator() -> None:
+    """What the CPU worker does before loading a model: no accelerator to synchronize or empty caches on (vLLM 0.34.0
+    patches torch.accelerator when this module is imported; 0.32.0 had cpu_model_runner's function for it)."""
+    import vllm.v1.worker.cpu.shm  # noqa: F401
+
+
 def layer_specs(config: Any) -> dict:
     from vllm.config import get_layers_from_vllm_config, set_current_vllm_config
     from vllm.model_executor.layers.attention.mla_attention import MLAAttention
     from vllm.model_executor.model_loader import get_model
-    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
 
-    _set_torch_accelerator_to_noop()
+    no_accelerator()
     with set_current_vllm_config(config):
         get_model(vllm_config=config)
         layers = dict(get_layers_from_vllm_config(config, MLAAttention))

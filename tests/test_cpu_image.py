@@ -68,14 +68,14 @@ def test_the_docker_profile_mounts_the_model_read_only_and_caps_memory(tmp_path:
     argv = render.docker_run(load_profile(PROFILE), model=tmp_path)
     assert argv[:2] == ["docker", "run"] and f"{tmp_path}:{tmp_path}:ro" in argv
     assert argv[argv.index("--memory") + 1] == "4g"
-    assert argv[argv.index("--entrypoint") + 2] == "rigstack/vllm:0.32.0-cpu-tiny-docker"
+    assert argv[argv.index("--entrypoint") + 2] == "rigstack/vllm:0.34.0-cpu-tiny-docker"
 
 
 def test_no_daemon_is_a_preflight_fail_naming_the_image(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-daemon.sock")
     result = image_check(Context(load_profile(PROFILE), model=None, package=None))
     assert result.status is Status.FAIL
-    assert result.reason == "no docker daemon is reachable to check image rigstack/vllm:0.32.0-cpu-tiny-docker"
+    assert result.reason == "no docker daemon is reachable to check image rigstack/vllm:0.34.0-cpu-tiny-docker"
     assert "dockerd" in result.fix
 
 

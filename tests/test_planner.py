@@ -125,7 +125,7 @@ def test_hybrid_block_alignment_equals_vllms(monkeypatch: pytest.MonkeyPatch, kv
 
 def _unswitched(tmp_path: Path) -> Path:
     """Seed 003's PP8 on the pin without the stack's switches (VLLM_SWA_OWN_POOL off, vLLM's 512 MiB logits
-    sentinel), in its own layout: vLLM 0.32.0 refuses it."""
+    sentinel), in its own layout: vLLM 0.34.0 refuses it."""
     return profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
                                   "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nparallel:\n  partition: [" +
                         SEED003_PP8.replace(",", ", ") + "]\n", "unswitched")
@@ -183,7 +183,7 @@ def test_drafter_specs_equal_vllms_attention_layers(tiny_model: Path) -> None:
     from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
 
     config = EngineArgs(model=str(tiny_model), max_model_len=4096, block_size=128).create_engine_config()
-    # (A drafter mixing sliding and full layers needs the V2 runner, which the CPU twin has not: one of each.)
+    # (0.32.0 refused a drafter mixing sliding and full layers off the V2 runner; one drafter of each kind.)
     kinds = []
     for first, draft in ((4, _drafter()), (6, _drafter(use_sliding_window=False, layer_types=None))):
         setup = kv.KvSetup("Qwen3ForCausalLM", 4096, 8, 2048, 128, cpu=True, drafter=draft)
@@ -549,7 +549,7 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     """Seed 002's engine draws the drafter's sidecar ids from the target's pool, one block each: "at 16 tokens a 1M
     request needed 2,433 sidecar ids against 277 core ids", and re-blocking to 256 "raised 1M concurrency". vLLM's
     get_kv_cache_capacity over the target's groups plus the sidecar group gives the pool in that unit: the same
-    blocks at either sidecar size, shared by core ids (vLLM 0.32.0's own groups) and 2,433 or 153 sidecar ids."""
+    blocks at either sidecar size, shared by core ids (vLLM 0.34.0's own groups) and 2,433 or 153 sidecar ids."""
     from rigstack.profiles import Profile, merge
 
     base = _seed_case("seed 002 8 cards NVFP4").model_dump()  # its own layout, 7,5,7,5,7,5,7,2

@@ -59,7 +59,7 @@ def test_replicas_get_their_own_gpus_and_ports() -> None:
 
 def test_docker_run_argv() -> None:
     argv = docker_run(load_profile("rtxpro6000-tp2-replicas"), replica=1)
-    image = "rigstack/vllm:0.32.0-rtxpro6000-tp2-replicas"
+    image = "rigstack/vllm:0.34.0-rtxpro6000-tp2-replicas"
     assert argv[:4] == ["docker", "run", "--rm", "--name"]
     assert argv[argv.index("--gpus") + 1] == '"device=2,3"'
     assert argv[argv.index("-p") + 1] == "0.0.0.0:8001:8001"

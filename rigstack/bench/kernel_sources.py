@@ -33,6 +33,7 @@ PATCHES_DIR = ROOT / "patches"
 OPS = "vllm/v1/attention/ops/"
 KERNEL_MODULES = ("fp8_e4m3_sw", "triton_sparse_mla_sm8x", "triton_indexer_sm8x")
 KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
+COMMON = "vllm/v1/attention/ops/common.py"
 COMMUNICATORS = "vllm/distributed/device_communicators/"
 HOST_COLLECTIVES = ("host_collectives", "host_collectives_triton")
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
@@ -125,9 +126,18 @@ def patched_source(path: str) -> str:
 
 
 def _kpool_source() -> str:
-    # The one vLLM import of the patched kpool module becomes plain triton.
+    # The patched kpool module's vLLM imports become plain triton, the soft-FP8 module beside it, and (from 0.34.0)
+    # the MX-scale switch off (DeepGEMM's MX path: never on the SM8x cards the fallback serves) with the one jit
+    # helper it names copied from the package's own common.py.
     src = source(KPOOL)
     src = src.replace("from vllm.triton_utils import tl, triton\n", "import triton\nimport triton.language as tl\n")
+    src = src.replace("from vllm.utils.deep_gemm import mqa_logits_use_mx_scales\n",
+                      "def mqa_logits_use_mx_scales():\n    return False\n\n\n")
+    if "from vllm.v1.attention.ops.common import pack_ue8m0_x4\n" in src:
+        helper = re.search(r"@triton\.jit\ndef pack_ue8m0_x4\(.*?(?=\n\n\n)", source(COMMON), re.DOTALL)
+        if helper is None:
+            raise FileNotFoundError(f"{COMMON} has no pack_ue8m0_x4 for the kpool module")
+        src = src.replace("from vllm.v1.attention.ops.common import pack_ue8m0_x4\n", helper.group(0) + "\n\n\n")
     return src.replace("from vllm.v1.attention.ops.fp8_e4m3_sw import", "from .fp8_e4m3_sw import")
 
 

@@ -1,4 +1,4 @@
-"""Capacity planner: what vLLM 0.32.0 will do with a profile on its rig, from vLLM's own KV code, without a GPU.
+"""Capacity planner: what vLLM 0.34.0 will do with a profile on its rig, from vLLM's own KV code, without a GPU.
 
     plan_dict(profile, **overrides) -> dict   the plan as JSON-ready data (see core.Plan)
     python -m rigstack.planner --profile NAME [...]   the same, as JSON on stdout (run by the serving interpreter)

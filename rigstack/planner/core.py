@@ -22,17 +22,22 @@ if TYPE_CHECKING:
     from rigstack.planner.kv import KvResult, KvSetup
 
 GIB = 1024**3
-# vLLM 0.32.0's defaults where a profile sets no flag (EngineArgs / SchedulerConfig).
+# vLLM 0.34.0's defaults where a profile sets no flag. Batched tokens and sequences: EngineArgs's for an API server
+# on a card under 70 GiB (as in 0.32.0; from 70 GiB, A100 aside, it takes 8192 and 1024, not modelled here).
 DEFAULT_BATCHED_TOKENS = 2048
-DEFAULT_UTIL = 0.9
-# platforms/cpu.py check_and_update_config: a non-MLA model without --block-size gets 128-token blocks on CPU.
+DEFAULT_MAX_NUM_SEQS = 256
+# CacheConfig.resolved_gpu_memory_utilization: 1.0 under the extensible KV cache, on by default on CUDA since
+# 0.34.0 (it sizes the cache from memory measured after warmup); 0.92 without it, as 0.32.0 had it.
+DEFAULT_UTIL = 1.0
+# platforms/cpu.py: a non-MLA model without --block-size gets 128-token blocks on CPU (0.34.0 picks it in
+# update_block_size_for_backend, the CPU backend's preferred size for 128).
 CPU_BLOCK_SIZE = 128
 
 
 @dataclass(frozen=True)
 class Reserve:
     """The non-KV memory of one stage beside its weights, in GiB: a fixed part (CUDA context, NCCL buffers, the
-    CUDA-graph pool that vLLM measures by a trial capture) plus the profile run's scratch as vLLM's own shape
+    CUDA-graph pool, which vLLM measures after capture) plus the profile run's scratch as vLLM's own shape
     functions size it (planner.scratch): the larger of the fused-MoE workspaces and the sparse-MLA workspaces,
     because vLLM's WorkspaceManager serves both from one shared allocation, plus the allocations beside it (the
     indexer's logits sentinel; the runner's buffers on that stage). fixed_gib is the one fitted constant
@@ -121,7 +126,7 @@ class Request:
     max_num_seqs: int | None = None
     model: Path | None = None
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
-    # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's get_kv_cache_groups (what 0.32.0 does);
+    # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's own grouping (what the pin does);
     # "own": held apart on the last stage (kv.drafter_own_bytes), seed 003's engine's accounting; "sidecar": seed
     # 002's, its ids drawn from the pool at the profile's VLLM_GLM5N_SIDECAR_BLOCK_SIZE (kv.sidecar_group).
     drafter_kv: DrafterKv = "pool"
@@ -218,7 +223,7 @@ def resolve(request: Request) -> Target:
         architecture=architecture,
         max_model_len=request.max_model_len or int(_flag(profile, "max-model-len",
                                                           getattr(text, "max_position_embeddings", 0))),
-        max_num_seqs=request.max_num_seqs or int(_flag(profile, "max-num-seqs", 256)),
+        max_num_seqs=request.max_num_seqs or int(_flag(profile, "max-num-seqs", DEFAULT_MAX_NUM_SEQS)),
         max_num_batched_tokens=int(_flag(profile, "max-num-batched-tokens", DEFAULT_BATCHED_TOKENS)),
         block_size=profile.vllm.get("block-size") or (CPU_BLOCK_SIZE if cpu else None),
         kv_cache_dtype=str(_flag(profile, "kv-cache-dtype", "auto")),
@@ -227,9 +232,10 @@ def resolve(request: Request) -> Target:
         enable_prefix_caching=bool(_flag(profile, "enable-prefix-caching", False)),
         kernel_block_sizes=tuple(profile.planner.kernel_block_sizes) if profile.planner else (16,), cpu=cpu,
         mtp_layers=mtp_layers(profile, text), drafter=draft.config if draft else None,
-        drafter_kv_cache_dtype=spec.get("kv_cache_dtype"), model_runner_v2=not cpu,
-        # VllmConfig._set_async_scheduling's default for these configs: on, except PP on the V1 runner (CPU twin).
-        async_scheduling=bool(_flag(profile, "async-scheduling", pp == 1 or not cpu)),
+        drafter_kv_cache_dtype=spec.get("kv_cache_dtype"), util=None if cpu else util,
+        # On by default (0.34.0's VllmConfig: the executors the rigs use support it; 0.32.0's V1 runner also took it
+        # off under PP); the CPU platform turns it off whatever is asked (platforms/cpu.py).
+        async_scheduling=not cpu and bool(_flag(profile, "async-scheduling", True)),
         env=tuple(sorted(profile.env.items())))
     return Target(profile, folder, config, architecture, pp, tp, partition, util, draft, setup)
 
@@ -343,11 +349,11 @@ def _drafter_accounting(request: Request, target: Target, budget: Budget) -> KvS
             budget.reserves[-1] += own / GIB
             budget.available[-1] = max(0, budget.available[-1] - own)
         budget.notes.append(f"drafter KV held apart from the pool ({own / GIB:.2f} GiB on the last stage), as the "
-                            "seeds' engines hold it; vLLM 0.32.0 puts it in the pool")
+                            "seeds' engines hold it; vLLM 0.34.0 puts it in the pool")
         return replace(setup, drafter=None)
     sidecar = replace(setup, sidecar_block_size=int(target.profile.env.get(SIDECAR_ENV, 16)))
     budget.notes.append(f"drafter KV as sidecar ids of {sidecar.sidecar_block_size} tokens drawn from the pool, one "
-                        "pool block each, as seed 002's engine holds it; vLLM 0.32.0 groups the drafter's layers "
+                        "pool block each, as seed 002's engine holds it; vLLM 0.34.0 groups the drafter's layers "
                         "itself")
     return sidecar
 

@@ -3,9 +3,8 @@ spec classes, and vLLM's own grouping, layout, sizing, capacity and startup-chec
 
 What cannot run here is the model class itself (its import needs CUDA-only pieces on the CPU twin), so the specs
 are built the way each layer's get_kv_cache_spec builds them (cited per architecture below), and the VllmConfig is
-a real VllmConfig instance whose sub-configs are vLLM's own classes; only ModelConfig, which inspects the model
-class, is a stand-in carrying the fields the KV functions read. tests/test_planner.py proves the
-result equal to what a real vLLM CPU server logs.
+a real VllmConfig whose sub-configs are vLLM's own classes but ModelConfig, a stand-in with the fields the KV
+functions read. tests/test_planner.py proves the result equal to what a real vLLM CPU server logs.
 """
 
 from __future__ import annotations
@@ -24,18 +23,12 @@ from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculat
 from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
+from vllm.v1.core import kv_cache_planning as kvp
 from vllm.v1.core import kv_cache_utils as kvu
-from vllm.v1.kv_cache_interface import (
-    CircularBufferSpec,
-    FullAttentionSpec,
-    KVCacheGroupSpec,
-    KVCacheSpec,
-    MambaSpec,
-    MLAAttentionSpec,
-    SlidingWindowSpec,
-    SparseCacheRole,
-    get_kv_quant_mode,
-)
+from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
+from vllm.v1.kv_cache_interface import (CircularBufferSpec, FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec,
+                                        MambaSpec, MLAAttentionSpec, SlidingWindowSpec, SparseCacheRole,
+                                        get_kv_quant_mode)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from rigstack.errors import UserError
@@ -55,7 +48,7 @@ class KvSetup:
     max_model_len: int
     max_num_seqs: int
     max_num_batched_tokens: int
-    block_size: int | None  # None: vLLM's default for the platform (16)
+    block_size: int | None  # None: vLLM's default, CacheConfig.DEFAULT_BLOCK_SIZE (64 since 0.34.0; was 16)
     kv_cache_dtype: str = "auto"
     model_dtype: str = "bfloat16"
     tp: int = 1
@@ -71,16 +64,17 @@ class KvSetup:
     # last stage, named after the target's layers (DFlashQwen3Model's start_layer_id = the target's layer count).
     drafter: Any = None
     drafter_kv_cache_dtype: str | None = None  # speculative-config's kv_cache_dtype; None: the target's
-    # VllmConfig.use_v2_model_runner: True where Triton is present (the GPU images), False on the CPU twin.
-    # With async_scheduling it sets max_concurrent_batches, which sizes a sliding window's in-flight blocks.
-    model_runner_v2: bool = True
+    # VllmConfig.max_concurrent_batches, which sizes a sliding window's in-flight blocks: PP + 1 with it, else PP
+    # (0.34.0 has one runner; 0.32.0's V1 runner gave PP, or 2 at PP1, even with it).
     async_scheduling: bool = True
+    # GPU rigs: gpu-memory-utilization, with 0.34.0's extensible KV cache (CUDA's default); None on the CPU twin.
+    util: float | None = None
     # The profile's env, which vLLM's sizing functions read while they run here (rig_env): VLLM_KV_CACHE_LAYOUT
     # (resolve_kv_cache_layout), VLLM_SPARSE_INDEXER_MAX_LOGITS_MB (the indexer's logits sentinel), a patch's switch.
     env: tuple[tuple[str, str], ...] = ()
     # Seed 002's engine (its patch 0024, VLLM_GLM5N_SIDECAR_BLOCK_SIZE): the drafter's layers are a "sidecar" group
     # of this block size whose ids come from the target's shared pool, one pool block each ("each costs a full MLA
-    # page on every rank"); None: the drafter's layers are grouped by vLLM 0.32.0's own get_kv_cache_groups.
+    # page on every rank"); None: the drafter's layers are grouped by vLLM's own get_global_kv_cache_groups.
     sidecar_block_size: int | None = None
 
 
@@ -100,6 +94,8 @@ class ModelStandIn:
     architecture: str
     use_mla: bool = False
     is_hybrid: bool = False
+    # 0.34.0's DefaultKVCacheConfigBuilder: a SupportsKVCacheGrouping model groups its layers (none in 0.34.0).
+    supports_kv_cache_grouping: bool = False
 
 
 def _speculative(setup: KvSetup) -> SpeculativeConfig | None:
@@ -120,6 +116,8 @@ def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = N
                         cache_dtype=setup.kv_cache_dtype, enable_prefix_caching=setup.enable_prefix_caching)
     if layout is not None:
         cache.kv_cache_layout = layout.name
+    cache.gpu_memory_utilization = setup.util
+    cache.enable_extensible_kv_cache = setup.util is not None
     if setup.enable_prefix_caching and setup.architecture in _HYBRID:
         # MambaModelConfig.verify_and_update_config (via HybridAttentionMambaModelConfig for hybrids): prefix
         # caching puts the Mamba states in "align" mode, two resident states per request instead of one.
@@ -222,18 +220,21 @@ def kda_spec(setup: KvSetup, text: Any, block_size: int, page_size_padded: int |
                                                        conv_kernel_size=text.linear_conv_kernel_dim,
                                                        num_spec=setup.num_speculative_tokens)
     dtypes = MambaStateDtypeCalculator.kda_state_dtype(STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype], "auto", "auto")
-    # MambaBase passes the cache's mamba_cache_mode (vllm_config above); the KDA prefill checkpoint block is only
+    # MambaBase passes the cache's mamba_cache_mode (vllm_config above) and, since 0.34.0, the layer's state
+    # alignment (1 but for FlashInfer's ReplaySSM, which KDA does not use); the KDA prefill checkpoint block is only
     # for the flashkda backend (kda_checkpoint.py), which the planner does not take (sm_80/sm_89 rigs).
     mode = "align" if setup.enable_prefix_caching and setup.architecture in _HYBRID else "none"
-    return MambaSpec(shapes=tuple(shapes), dtypes=dtypes, block_size=block_size, page_size_padded=page_size_padded,
+    return MambaSpec(shapes=tuple(shapes), dtypes=dtypes, state_alignment=1, block_stride_alignment=1,
+                     block_size=block_size, page_size_padded=page_size_padded,
                      num_speculative_blocks=setup.num_speculative_tokens, mamba_cache_mode=mode)
 
 
 def align_hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
     """The equivalent of Platform._align_hybrid_block_size (platforms/interface.py) for an MLA + KDA model, which
     cannot run here because it imports the model class: the smallest block (a multiple of the kernel block and of
-    128 for MLA) whose attention page holds the KDA state, and the KDA page padded to it. Proven equal to vLLM's on
-    a model it can import (tests/test_planner.py)."""
+    128 for MLA) whose attention page holds the KDA state, and the KDA page padded to it. 0.34.0's align-mode
+    checkpoint alignment is 1 here: KDA layers declare none (MambaBase.get_prefill_checkpoint_alignment). Proven
+    equal to vLLM's on a model it can import (tests/test_planner.py)."""
     attn_1 = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, 1, False).page_size_bytes
     mamba = kda_spec(setup, text, -1, None).page_size_bytes
     user = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
@@ -278,7 +279,9 @@ def drafter_specs(setup: KvSetup, first_layer: int, block_size: int) -> dict[str
     builds them for DFlashQwen3Attention (models/qwen3_dflash.py): each layer's window from vLLM's own
     _resolve_layer_attention over the drafter's config; a sliding-window layer gets a SlidingWindowSpec whose block
     is vLLM's _largest_kernel_block_within the primary block's page, a full layer a FullAttentionSpec. K and V of
-    the drafter's KV heads on this rank, in speculative-config's kv_cache_dtype, else the target's."""
+    the drafter's KV heads on this rank, in speculative-config's kv_cache_dtype, else the target's. Since 0.34.0 the
+    window's block prefers a divisor of the primary block (divisor_of); under FlashAttention's MultipleOf(16) that is
+    still the primary block."""
     from vllm.model_executor.layers.attention.attention import _largest_kernel_block_within
     from vllm.model_executor.models.qwen3_dflash import _resolve_layer_attention
 
@@ -289,7 +292,7 @@ def drafter_specs(setup: KvSetup, first_layer: int, block_size: int) -> dict[str
     dtype_str = setup.drafter_kv_cache_dtype or setup.kv_cache_dtype
     common: dict[str, Any] = {"num_kv_heads": max(1, heads // setup.tp), "head_size": head, "head_size_v": head,
                               "dtype": _kv_dtype(replace(setup, kv_cache_dtype=dtype_str)),
-                              "kv_quant_mode": get_kv_quant_mode(dtype_str)}
+                              "kv_quant_mode": get_kv_quant_mode(dtype_str), "is_draft": True}
     specs: dict[str, KVCacheSpec] = {}
     for i in range(draft.num_hidden_layers):
         try:
@@ -302,15 +305,15 @@ def drafter_specs(setup: KvSetup, first_layer: int, block_size: int) -> dict[str
             continue
         unit = backend.customize_spec(SlidingWindowSpec(block_size=1, sliding_window=window, **common))
         per_token = unit.real_page_size_bytes
-        block = _largest_kernel_block_within(backend, per_token, per_token * block_size, block_size, unit)
+        block = _largest_kernel_block_within(backend, per_token, per_token * block_size, block_size, unit,
+                                             divisor_of=block_size)
         specs[name] = SlidingWindowSpec(block_size=block, sliding_window=window, page_size_padded=None, **common)
     return specs
 
 
 def drafter_own_bytes(setup: KvSetup, hf_config: Any, first_layer: int) -> int:
-    """The drafter's KV held apart from the pool, as the seeds' engines hold it (seed 003: "its own BF16 KV,
-    window-bounded"; seed 002: sidecar groups): max-num-seqs requests of vLLM's own max_memory_usage_bytes of each
-    drafter layer's spec (a sliding window's blocks for window + in-flight tokens)."""
+    """The drafter's KV held apart from the pool, as seed 003's engine holds it ("its own BF16 KV, window-bounded"):
+    max-num-seqs requests of each drafter layer's max_memory_usage_bytes (window + in-flight tokens' blocks)."""
     block = block_size_for(setup, hf_config)
     setup = replace(setup, block_size=block)
     with rig_env(setup):
@@ -321,15 +324,12 @@ def drafter_own_bytes(setup: KvSetup, hf_config: Any, first_layer: int) -> int:
 
 @contextmanager
 def rig_env(setup: KvSetup) -> Iterator[None]:
-    """The rig's values of the env vars vLLM's KV functions read, while they run here: the profile's env, and
-    VLLM_USE_V2_MODEL_RUNNER (VllmConfig.use_v2_model_runner; the CPU twin, without Triton, would answer False for
-    a GPU rig). A variable the profile does not set is unset, so this interpreter's own values do not leak in."""
+    """The rig's values of the env vars vLLM's KV functions read, while they run here: the profile's env. A
+    variable the profile does not set is unset, so this interpreter's own values do not leak in."""
     profile = dict(setup.env)
     # The variables vLLM's sizing reads (patches 0016/0017's VLLM_SWA_OWN_POOL among them), set or not by the rig.
-    names = {"VLLM_USE_V2_MODEL_RUNNER", "VLLM_KV_CACHE_LAYOUT", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB",
-             "VLLM_SWA_OWN_POOL", *profile}
+    names = {"VLLM_KV_CACHE_LAYOUT", "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB", "VLLM_SWA_OWN_POOL", *profile}
     wanted = {name: profile.get(name) for name in names}
-    wanted["VLLM_USE_V2_MODEL_RUNNER"] = "1" if setup.model_runner_v2 else "0"
     before = {name: os.environ.get(name) for name in wanted}
     try:
         for name, value in wanted.items():
@@ -395,6 +395,9 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
     stages = [(first, last + (setup.mtp_layers if i == len(bounds) - 1 else 0))
               for i, (first, last) in enumerate(bounds)]
     specs = [builder(setup, text_config(hf_config), first, last) for first, last in stages]
+    # The runner marks the MTP layers' specs as draft ones (0.34.0 finds the EAGLE group by is_draft, not position).
+    mtp = tuple(f".layers.{i}." for i in range(bounds[-1][1], stages[-1][1]))
+    specs[-1] = {n: replace(s, is_draft=True) if any(m in n for m in mtp) else s for n, s in specs[-1].items()}
     # The drafter is built on the last rank (patch 0006's relay feeds it there); a sidecar drafter is no part of
     # the target's groups (sidecar_group).
     if setup.drafter is not None and not setup.sidecar_block_size:
@@ -403,15 +406,17 @@ def stage_specs(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]]) -
 
 
 def sidecar_group(setup: KvSetup, first_layer: int) -> KVCacheGroupSpec:
-    """The drafter's sidecar group as seed 002's engine adds it: its layers' specs (drafter_specs) at the sidecar
-    block size, one block table. vLLM's get_max_concurrency_for_kv_cache_config then charges a request
-    cdiv(max_memory_usage_bytes, page) ids of it, drawn from the shared pool like the target's groups' ids: 2,433
-    per 1M request at 16 tokens, as the seed logged (tests/test_planner.py)."""
+    """The drafter's sidecar group as seed 002's engine adds it: its layers' specs at the sidecar block size, one block
+    table. vLLM's get_max_concurrency_for_kv_cache_config charges a request cdiv(max_memory_usage_bytes, page) ids of
+    it from the shared pool: 2,433 per 1M request at 16 tokens, as the seed logged (tests/test_planner.py)."""
     specs = drafter_specs(setup, first_layer, setup.sidecar_block_size)
     return KVCacheGroupSpec(list(specs), next(iter(specs.values())))
 
 
 # --- vLLM's own sizing on those specs ---------------------------------------------------------------------------
+
+# Patch 0016's own_pool_bytes (kv_cache_planning since 0.34.0); a package without it has no pools of their own.
+_own_bytes = getattr(kvp, "own_pool_bytes", lambda groups: 0)
 
 
 @dataclass(frozen=True)
@@ -432,24 +437,24 @@ class KvResult:
 
 
 def size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
-    """get_kv_cache_configs over the stages' specs and their available bytes, as EngineCore._initialize_kv_caches
-    calls it; its ValueError (the _check_enough_kv_cache_memory refusal) is caught and returned with the stage it
-    is about. The pool is worked out either way, with the same functions get_kv_cache_configs calls after its
-    check (per-stage configs from the projected groups, then the minimum over stages), so a refused plan still
-    shows what it lacks."""
+    """EngineCore._initialize_kv_caches's planning (v1/core/kv_cache_planning.py since 0.34.0) over the stages'
+    specs and budgets: get_global_kv_cache_groups, then get_kv_cache_configs with those groups, whose refusal
+    (_check_enough_kv_cache_memory's ValueError) is returned with the stage it is about. The pool is worked out
+    either way, with the functions get_kv_cache_configs calls after its check, so a refused plan shows its lack."""
     with rig_env(setup):
         return _size_pool(setup, hf_config, bounds, available)
 
 
-def _stage_checks(config: VllmConfig, projected: list[list[KVCacheGroupSpec]],
+def _stage_checks(builder: Any, config: VllmConfig, projected: list[list[KVCacheGroupSpec]],
                   available: list[int]) -> tuple[list[int], list[int]]:
-    """Each stage's share of vLLM's per-worker check (get_kv_cache_configs): one max-model-len request's bytes
-    against the budget less the null block; the stages that fail it, in the order vLLM checks them."""
+    """Each stage's share of get_kv_cache_configs's check: one max-model-len request's bytes against the budget less
+    its own pools (patch 0016) and the null block (a block as the builder sizes it since 0.34.0); the short stages."""
     needed, short = [], []
     for stage, (groups, avail) in enumerate(zip(projected, available)):
-        need = kvu._max_memory_usage_bytes_from_groups(config, groups) if groups else 0
+        need = kvp._max_memory_usage_bytes_from_groups(builder, config, groups) if groups else 0
         needed.append(need)
-        if groups and (avail <= 0 or need > avail - kvu._pool_bytes_per_block(config, groups)):
+        check = avail - _own_bytes(groups) - kvp._pool_bytes_per_block_from_builder(builder, config, groups)
+        if groups and (check <= 0 or need > check):
             short.append(stage)
     return needed, short
 
@@ -458,27 +463,25 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
     block = block_size_for(setup, hf_config)
     setup = replace(setup, block_size=block)
     specs = stage_specs(setup, hf_config, bounds)
-    merged = {name: spec for stage in specs for name, spec in stage.items()}
-    config = vllm_config(setup, hf_config, resolve_layout(setup, list(merged.values())))
-    groups = kvu.get_kv_cache_groups(config, dict(merged))
-    projected = [kvu._project_kv_cache_groups_to_worker(groups, stage) for stage in specs]
-    per_block = [kvu._pool_bytes_per_block(config, g) if g else 0 for g in projected]
+    config = vllm_config(setup, hf_config, resolve_layout(setup, [s for stage in specs for s in stage.values()]))
+    builder = get_kv_cache_config_builder(config)
+    # 0.34.0 groups the whole model first (the registry check, a window's extra retained tokens, the builder's
+    # grouping, the EAGLE flags), then hands get_kv_cache_configs the groups.
+    groups = kvp.get_global_kv_cache_groups(config, specs)
+    projected = [kvp._project_kv_cache_groups_to_worker(groups, stage) for stage in specs]
+    per_block = [kvp._pool_bytes_per_block_from_builder(builder, config, g) for g in projected]
     # vLLM's own per-stage config: its blocks are what is left after a pool of the stage's own (patch 0016).
-    blocks = [kvu.get_kv_cache_config_from_groups(config, g, avail).num_blocks if b else 0
+    blocks = [kvp.get_kv_cache_config_from_groups(config, g, avail).num_blocks if b else 0
               for g, avail, b in zip(projected, available, per_block)]
-    needed, short = _stage_checks(config, projected, available)
-    own_bytes = getattr(kvu, "own_pool_bytes", None)  # patch 0016's; a package without it has no own pools
-    own = [own_bytes(g) if own_bytes and g else 0 for g in projected]
+    needed, short = _stage_checks(builder, config, projected, available)
     names = [f"{type(g.kv_cache_spec).__name__} x{len(g.layer_names)}" for g in groups]
-    refusal, refusal_stage = None, None
+    binding, refusal, refusal_stage = min(range(len(blocks)), key=blocks.__getitem__), None, None
     try:
-        configs = kvu.get_kv_cache_configs(config, specs, available)
+        configs = kvp.get_kv_cache_configs(config, specs, available, groups)
     except ValueError as error:
-        refusal = str(error).splitlines()[0]
-        refusal_stage = short[0] if short else min(range(len(blocks)), key=blocks.__getitem__)
+        refusal, refusal_stage = str(error).splitlines()[0], short[0] if short else binding
         # What the engine would have had: the binding stage's own config (all stages then take its block count).
-        binding = min(range(len(blocks)), key=blocks.__getitem__)
-        configs = [kvu.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
+        configs = [kvp.get_kv_cache_config_from_groups(config, projected[binding], available[binding])]
     scheduler = kvu.generate_scheduler_kv_cache_config(configs)
     sidecar = None
     if setup.sidecar_block_size and setup.drafter is not None:
@@ -490,6 +493,7 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
     if sidecar is not None and refusal is None and concurrency < 1:  # no room for one request with its sidecar ids
         refusal = (f"{scheduler.num_blocks} blocks hold {concurrency:.2f} requests of {setup.max_model_len} tokens "
                    "with the drafter's sidecar ids")
-        refusal_stage = min(range(len(blocks)), key=blocks.__getitem__)
+        refusal_stage = binding
+    own = [_own_bytes(g) for g in projected]
     return KvResult(block, names, blocks, per_block, needed, own, short, scheduler.num_blocks, tokens, concurrency,
                     refusal is None, refusal, refusal_stage)

@@ -44,7 +44,7 @@ class Case:
     approximate: bool = False  # the seed says "about"
     fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": SEED001_UTIL fitted on it
     # "own" / "sidecar": the seed's engine held the drafter's KV apart from the pool, or as sidecar ids in it, so
-    # the comparable plan does too (the pin's own figure, drafter KV grouped by vLLM 0.32.0, is shown beside it).
+    # the comparable plan does too (the pin's own figure, drafter KV grouped by vLLM 0.34.0, is shown beside it).
     drafter_kv: DrafterKv = "pool"
     compared: str = ""  # what the published figure is, when it is not the seed's logged pool
     shipped: bool = False  # the case is the configuration a shipped profile serves: the row shows that profile's plan
@@ -97,7 +97,7 @@ def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
 
 def table(reserve: Reserve = RESERVE, seed001_util: float = SEED001_UTIL) -> list[dict[str, Any]]:
     """Each case planned as its seed's engine held the drafter's KV, and, for the cases a shipped profile serves,
-    that profile as rigstack runs it on the pin (vLLM 0.32.0 with the stack: drafter KV grouped by vLLM)."""
+    that profile as rigstack runs it on the pin (vLLM 0.34.0 with the stack: drafter KV grouped by vLLM)."""
     rows = []
     for case in CASES:
         util = seed001_util if case.profile == "l40-8x-tp8" else None

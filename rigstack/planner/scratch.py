@@ -1,12 +1,13 @@
-"""The non-KV scratch of a stage's profile run, sized by vLLM 0.32.0's own shape functions (run without a GPU):
+"""The non-KV scratch of a stage's profile run, sized by vLLM 0.34.0's own shape functions (run without a GPU):
 the fused-MoE modular kernel's workspaces (the experts class's `workspace_shapes`, allocated as
 `FusedMoEKernel._allocate_buffers` and `WorkspaceManager.get_simultaneous` do), and the runner's buffers that
 outlive the dummy pass (the PP intermediate tensors of a later stage, the last stage's sampler logits), and a
 DSA model's sparse-MLA workspaces and indexer logits sentinel.
 
-What stays out: the CUDA-graph pool, which gpu_worker.determine_available_memory takes from a trial capture
-(`profile_cudagraph_memory`, applied by default through VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS), and the CUDA
-context and NCCL buffers; they are the fitted `fixed_gib` of core.Reserve.
+What stays out: the CUDA-graph pool, which vLLM measures rather than shapes (0.34.0's extensible KV cache, on by
+default on CUDA, commits the cache from the memory free after capture and warmup; without it
+gpu_worker.determine_available_memory takes a trial capture, `profile_cudagraph_memory`), and the CUDA context and
+NCCL buffers; they are the fitted `fixed_gib` of core.Reserve.
 """
 
 from __future__ import annotations
@@ -120,16 +121,25 @@ def sparse_workspace_bytes(setup: KvSetup, hf_config: Any, backend: str | None =
     return sum(round_up(math.prod(shape) * dtype.itemsize, 256) for shape, dtype in specs)
 
 
+# sparse_attn_indexer's decode logits rows below SM100: whole 256-key KV splits (lcm with 1024 B of FP32 logits).
+_DECODE_ROW_ALIGN = 256
+
+
 def indexer_logits_bytes(setup: KvSetup, hf_config: Any) -> int:
     """The indexer's logits sentinel in the profile run, a plain allocation beside the shared workspace (so added to
-    it): VLLM_SPARSE_INDEXER_MAX_LOGITS_MB, and on GLM-5.3-Flash's pooled indexer at least the worst decode logits,
-    min(max-num-seqs x (1 + draft), max-num-batched-tokens) x max_model_len / index_kpool x 4 bytes."""
+    it), in FP32 (indexer_logits_dtype "auto"; no BF16 copy): the larger of VLLM_SPARSE_INDEXER_MAX_LOGITS_MB and the
+    worst decode logits x 4 bytes. GLM-5.3-Flash's pooled indexer (models/glm5next): min(max-num-seqs x (1 + draft),
+    max-num-batched-tokens) rows of max_model_len / index_kpool keys. GLM-5.3 (sparse_attn_indexer): since 0.34.0
+    min(max-num-seqs, max-num-batched-tokens) x (1 + draft) rows of max_model_len rounded up to whole KV splits;
+    0.32.0 reserved the cap alone there. (The fused MQA top-k workspaces are SM100-only, not on these rigs.)"""
     if not _dsa(setup):
         return 0
     import vllm.envs as envs
 
     cap = envs.VLLM_SPARSE_INDEXER_MAX_LOGITS_MB * 1024 * 1024
+    draft = setup.num_speculative_tokens + 1
     if setup.architecture != "Glm5NextForCausalLM":
-        return cap
-    tokens = min(setup.max_num_seqs * (setup.num_speculative_tokens + 1), setup.max_num_batched_tokens)
+        rows = min(setup.max_num_seqs, setup.max_num_batched_tokens) * draft
+        return max(cap, rows * round_up(setup.max_model_len, _DECODE_ROW_ALIGN) * 4)
+    tokens = min(setup.max_num_seqs * draft, setup.max_num_batched_tokens)
     return max(cap, tokens * (setup.max_model_len // _kpool(setup, text_config(hf_config))) * 4)

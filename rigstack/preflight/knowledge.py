@@ -47,7 +47,7 @@ for name in json.loads(sys.argv[1]):
             out["missing"][name] = error.name
 try:
     import vllm, vllm.envs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     out["version"] = getattr(vllm, "__version__", None)
     out["env"] = sorted(vllm.envs.environment_variables)

@@ -104,10 +104,10 @@ def test_deepgemm_shaped_entry_points_and_switch(interp, monkeypatch):
     m = interp.triton_indexer_sm8x
     monkeypatch.setenv("VLLM_SOFT_FP8_E4M3", "1")  # the interpreter has no FP8 conversion
     q, cache, w, ctx, bt = paged_case(2, 1, 32, 16, 20, 60)
-    got = m.fp8_fp4_paged_mqa_logits((q, None), cache, w, ctx[:, None], bt, None, 64, clean_logits=False)
+    got = m.fp8_fp4_paged_mqa_logits((q, None), cache, w, ctx[:, None], bt, None, 64)
     assert_logits_close(got, m.paged_mqa_logits_torch(q, cache, w, ctx, bt, 64))
     with pytest.raises(AssertionError, match="FP8 cache only"):
-        m.fp8_fp4_paged_mqa_logits((q, q), cache, w, ctx, bt, None, 64, clean_logits=False)
+        m.fp8_fp4_paged_mqa_logits((q, q), cache, w, ctx, bt, None, 64)
     monkeypatch.setenv("VLLM_SM8X_INDEXER", "1")
     assert m.fallback_active()
     monkeypatch.setenv("VLLM_SM8X_INDEXER", "0")

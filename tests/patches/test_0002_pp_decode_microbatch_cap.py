@@ -61,9 +61,7 @@ def _finish(scheduler: Any, batch: Any) -> list[Any]:
     from vllm.v1.outputs import ModelRunnerOutput
 
     ids = list(batch.num_scheduled_tokens)
-    outputs = scheduler.update_from_output(batch, ModelRunnerOutput(
-        req_ids=ids, req_id_to_index={request_id: i for i, request_id in enumerate(ids)},
-        sampled_token_ids=[[7] for _ in ids]))
+    outputs = scheduler.update_from_output(batch, ModelRunnerOutput(req_ids=ids, sampled_token_ids=[[7] for _ in ids]))
     return [output for client in outputs.values() for output in client.outputs]
 
 

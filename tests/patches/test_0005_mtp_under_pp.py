@@ -40,7 +40,9 @@ def _slim_mtp() -> glm5next_mtp.Glm5NextMTP:
         mla_use_nope=False,
         qk_rope_head_dim=0,
     )
-    mtp.is_fused_shared_expert_enabled = False
+    # What Glm5NextMTP.__init__ sets and load_weights reads (vLLM 0.34.0).
+    mtp.use_mega_moe = False
+    mtp.fused_shared_expert_layers = frozenset()
     mtp.num_redundant_experts = 0
     predictor = nn.Module()
     predictor.mtp_start_layer_idx = NUM_HIDDEN_LAYERS

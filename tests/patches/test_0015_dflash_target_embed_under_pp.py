@@ -11,6 +11,7 @@ drafter, `'CPUModelRunner' object has no attribute 'drafter'`, and no aux-hidden
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +22,8 @@ from torch import nn
 
 from rigstack.tinydflash import build_tiny_dflash
 from rigstack.tinymodel import build_tiny_model
+from rigstack.twinconfig import rigs_runner
+from testing.tinypair import no_accelerator
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -32,12 +35,12 @@ def models() -> tuple[Path, Path]:
 
 
 @pytest.fixture(scope="module")
-def dist(single_rank_dist: None) -> None:
+def dist(single_rank_dist: None) -> Iterator[None]:
     """The one-process model-parallel groups a CPU worker has (conftest), and what the CPU worker does before
     loading: no accelerator to empty caches on."""
-    from vllm.v1.worker.cpu_model_runner import _set_torch_accelerator_to_noop
-
-    _set_torch_accelerator_to_noop()
+    no_accelerator()
+    with rigs_runner():  # the twin's standalone runner would refuse the drafter; the rigs' V2 runner takes it
+        yield
 
 
 @pytest.fixture

@@ -36,15 +36,17 @@ def stages(single_rank_dist: None) -> tuple[object, list[dict]]:
 
 
 def _plan(stages: tuple[object, list[dict]], monkeypatch: pytest.MonkeyPatch, switch: str | None) -> tuple:
-    from vllm.v1.core.kv_cache_utils import (generate_scheduler_kv_cache_config, get_kv_cache_capacity,
-                                             get_kv_cache_configs)
+    from vllm.v1.core.kv_cache_planning import get_global_kv_cache_groups, get_kv_cache_configs
+    from vllm.v1.core.kv_cache_utils import generate_scheduler_kv_cache_config, get_kv_cache_capacity
 
     config, per_stage = stages
     if switch is None:
         monkeypatch.delenv(SWITCH, raising=False)
     else:
         monkeypatch.setenv(SWITCH, switch)
-    configs = get_kv_cache_configs(config, [dict(stage) for stage in per_stage], [GIB, GIB])
+    # As the engine core plans: the whole model's groups, then each stage's config.
+    groups = get_global_kv_cache_groups(config, [dict(stage) for stage in per_stage])
+    configs = get_kv_cache_configs(config, [dict(stage) for stage in per_stage], [GIB, GIB], groups)
     return configs, get_kv_cache_capacity(config, generate_scheduler_kv_cache_config(configs))
 
 
@@ -91,7 +93,7 @@ def test_a_uniform_page_keeps_vllms_grouping(stages, monkeypatch) -> None:
     """Where every page is one size the packed path does not apply: the switch changes nothing."""
     from dataclasses import replace
 
-    from vllm.v1.core.kv_cache_utils import get_kv_cache_groups
+    from vllm.v1.core.kv_cache_planning import get_kv_cache_groups
 
     config, per_stage = stages
     specs = {name: spec for stage in per_stage for name, spec in stage.items()}
