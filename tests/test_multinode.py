@@ -11,6 +11,7 @@ import pytest
 
 from rigstack import multinode
 from rigstack.errors import UserError
+from rigstack.versions import load_pins
 from rigstack.profiles import Host, load_profile
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,7 +98,7 @@ def test_each_host_runs_the_python_the_profile_names_for_it(tmp_path: Path) -> N
 
 def test_a_worker_with_another_stack_is_refused() -> None:
     profile = load_profile("cpu-tiny-2hosts-pp2")
-    same = {"vllm": "0.32.0+cpu", "ray": "2.60.0", "stack_hash": "sha256:aa"}
+    same = {"vllm": "0.34.0+cpu", "ray": "2.60.0", "stack_hash": "sha256:aa"}
     multinode.compare_facts(profile, {"10.77.0.1": same, "10.77.0.2": dict(same)})
     with pytest.raises(UserError, match=r"host 10.77.0.2: stack_hash is sha256:bb, the head 10.77.0.1 has "
                                         r"sha256:aa; install the same stack"):
@@ -110,7 +111,7 @@ def test_the_version_probe_reads_this_venv() -> None:
     """The probe each host runs, run here: it names the vllm and ray it imports and the package's stack hash."""
     facts = multinode.host_facts(load_profile("cpu-tiny-2hosts-pp2"), lambda host, argv: argv, sys.executable)
     mine = facts["10.77.0.1"]
-    assert mine == facts["10.77.0.2"] and mine["vllm"].startswith("0.32.0") and mine["ray"] == "2.60.0"
+    assert mine == facts["10.77.0.2"] and mine["vllm"].startswith(load_pins().vllm_version) and mine["ray"] == "2.60.0"
 
 
 def test_an_unreachable_host_is_named() -> None:

@@ -1,6 +1,6 @@
 """import --base and port --base with two real releases: a series made with real git on vLLM 0.31.0's package (a
 fork's build, as a rig owner has one), `git format-patch`ed, imported against the 0.31.0 GPU wheel and ported onto
-the pinned 0.32.0. Both wheels' baselines come from the store port keeps in the cache (imported once, then reused)."""
+the pin (0.34.0). Both wheels' baselines come from the store port keeps in the cache (imported once, then reused)."""
 
 from __future__ import annotations
 
@@ -22,9 +22,11 @@ from testing.forks import Repo, git
 BASE = "0.31.0"
 # Each file the series touches, and why the port must give its patch the status the test expects (checked by hand
 # with `diff -u` of the two wheels' files):
-CONNECTIONS = "connections.py"  # byte-identical in 0.31.0 and 0.32.0: the same hunks apply -> clean
-GLM4 = "model_executor/models/glm4_moe.py"  # 0.32.0 added one line (shared_expert_prefix=, line 207) above the
-#   patch's hunk (line 452) and nothing inside it: the same change one line lower -> refreshed (offset)
+# (The pin is 0.34.0; what 0.32.0 did is kept in brackets: the series was written against that pin.)
+CONNECTIONS = "connections.py"  # 0.34.0 added an import (line 6) and a class (line 64) above the patch's hunk and
+#   nothing inside it: the same change lower down -> refreshed (offset) [byte-identical in 0.32.0: clean]
+GLM4 = "model_executor/models/glm4_moe.py"  # 0.34.0 changed lines around the patch's hunk (the fused shared
+#   expert helpers, line 447), which git merges -> refreshed (merged by git) [0.32.0: one line above, offset]
 MCP = "entrypoints/mcp/tool.py"  # 0.32.0 made exactly the patch's change (call_id=last_msg.call_id): -> upstreamed
 LORA = "lora/request.py"  # 0.32.0 deleted the tensorizer_config_dict line the patch edits: -> conflict
 FILES = (CONNECTIONS, GLM4, MCP, LORA)
@@ -88,9 +90,10 @@ def test_a_series_made_on_0_31_0_imports_with_base_and_ports_onto_the_pin(base_w
                         "--work", str(work))
     assert stopped.returncode == 1
     report = json.loads(stopped.stdout)
-    assert [p["status"] for p in report["patches"]] == ["clean", "refreshed", "upstreamed", "conflict"]
-    _, refreshed, upstreamed, conflict = report["patches"]
-    assert refreshed["detail"] == "same change at other lines (offset)"
+    assert [p["status"] for p in report["patches"]] == ["refreshed", "refreshed", "upstreamed", "conflict"]
+    offset, refreshed, upstreamed, conflict = report["patches"]
+    assert offset["detail"] == "same change at other lines (offset)"
+    assert refreshed["detail"] == "hunks changed (merged by git)"
     assert "already holds the change" in upstreamed["detail"]
     assert [site["file"] for site in conflict["conflicts"]] == [f"vllm/{LORA}"]
     assert f"patch {names[3]} conflicts with vLLM {pinned}" in one_line_error(stopped)
@@ -103,15 +106,15 @@ def test_a_series_made_on_0_31_0_imports_with_base_and_ports_onto_the_pin(base_w
     shutil.copy(REPO_ROOT / "versions.env", versions)
     run = {"patches_dir": patches, "work_root": work, "versions_file": versions}
     done = port.port("skip", load_pins(), **run)
-    assert [entry.status for entry in done.state.patches] == ["clean", "refreshed", "upstreamed", "dropped"]
-    assert done.state.cpu["status"] == "applies", done.state.cpu
+    assert [entry.status for entry in done.state.patches] == ["refreshed", "refreshed", "upstreamed", "dropped"]
+    assert done.state.cpu["status"] == "no-release", done.state.cpu  # the pin's CPU flavour is the twin
     refreshed_before = (patches / names[1]).read_text()
     written = port.port("write", load_pins(versions), **run)
     assert written.state.status == "written" and written.state.notes == []
     assert sorted(path.name for path in patches.iterdir()) == [
         *names[:2], names[2].replace(".patch", ".upstreamed"), names[3].replace(".patch", ".dropped")]
     refreshed_after = (patches / names[1]).read_text()
-    assert "@@ -449,6 +449,7 @@" in refreshed_before and "@@ -450,6 +450,7 @@" in refreshed_after
+    assert "@@ -449,6 +449,7 @@" in refreshed_before and refreshed_after != refreshed_before
     assert load_pins(versions) == load_pins(), "onto the pin: every pin stays"
 
 

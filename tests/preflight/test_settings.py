@@ -31,7 +31,7 @@ def test_every_shipped_profile_uses_only_real_flags(vllm_knowledge: Knowledge) -
     ("kv-cache-dtype: fp9", ["--kv-cache-dtype fp9 is not one of"]),
     ("enable-auto-tool-choice: 3", ["--enable-auto-tool-choice is a switch; write true or false, not 3"]),
     ("max-model-len: true", ["--max-model-len needs a value, not true"]),
-    ("enable-auto-tool-choice: false", []),  # BooleanOptionalAction: --no-enable-auto-tool-choice exists
+    ("enable-auto-tool-choice: false", []),  # vLLM 0.34.0 pairs it with --disable-auto-tool-choice
     # A list renders as one argv word per item; vLLM's parser says how many words each flag takes (its nargs).
     ("dtype: [bfloat16, float16]", ["--dtype takes one value, not a list of 2"]),
     ("ignore-patterns: ['*.pt', '*.bin']", []),  # nargs="+"
