@@ -2,6 +2,9 @@
 
     python scripts/bench_twins.py --a 0.32.0=/path/venv-a/bin/python --b 0.34.0=/path/venv-b/bin/python [--rounds 2]
 
+Each venv is a `make cpu` venv of a checkout pinned to that release (e.g. a worktree of the tag pin-vllm-0.32.0);
+it runs the rigstack its checkout installed.
+
 Each round boots A then B (never both at once) with `rigstack serve --profile cpu-tiny` in that interpreter, times
 the boot to ready, runs `rigstack bench` against it (decode tok/s and TTFT as the client saw them, cross-checked
 with the server's own counters, which are printed too), reads the engine's resident memory (the summed VmRSS of
@@ -25,16 +28,17 @@ import typer
 
 from rigstack import cli
 
-ROOT = Path(__file__).resolve().parent.parent
 PORT = 8000
+WORKLOAD = "prose"
 METRICS = ("boot_s", "server_decode_tok_s", "decode_tok_s", "server_ttft_ms", "ttft_ms", "rss_gib")
 
 app = typer.Typer(add_completion=False)
 
 
 def _rigstack(python: str, *words: str, run_dir: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RIGSTACK_VLLM_PYTHON": python}
-    return subprocess.run([python, "-m", "rigstack", *words], cwd=ROOT, env=env, capture_output=True, text=True)
+    # Each twin's venv runs the rigstack its own `make cpu` installed (editable: its checkout, its profiles).
+    env = {**os.environ, "RIGSTACK_VLLM_PYTHON": python}
+    return subprocess.run([python, "-m", "rigstack", *words], cwd=run_dir, env=env, capture_output=True, text=True)
 
 
 def _rss_gib(run_dir: Path) -> float | None:
@@ -65,14 +69,16 @@ def _one(python: str) -> dict[str, float | None]:
             if served.returncode != 0:
                 raise SystemExit(f"error: {python} did not serve cpu-tiny: {served.stderr.strip()[-400:]}")
             rss = _rss_gib(run_dir)
-            bench = _rigstack(python, "bench", "--url", f"http://127.0.0.1:{PORT}/v1", "--model", "tiny", "--json",
-                              run_dir=run_dir)
-            rows = json.loads(bench.stdout)["rows"] if bench.returncode == 0 else []
+            bench = _rigstack(python, "bench", "--url", f"http://127.0.0.1:{PORT}/v1", "--model", "tiny",
+                              "--out", str(run_dir / "bench"), run_dir=run_dir)
+            if bench.returncode != 0:
+                raise SystemExit(f"error: bench against {python}'s server failed: {bench.stderr.strip()[-400:]}")
+            metrics = json.loads((run_dir / "bench.json").read_text())["metrics"]
         finally:
             _rigstack(python, "stop", "--run-dir", str(run_dir), run_dir=run_dir)
-    decode = [row for row in rows if row.get("workload") == "decode"] or rows[:1]
-    row = decode[0] if decode else {}
-    return {"boot_s": round(boot, 1), "rss_gib": rss, **{key: row.get(key) for key in METRICS[1:5]}}
+    # The prose workload: the longest free-running decode of bench's five.
+    return {"boot_s": round(boot, 1), "rss_gib": rss,
+            **{key: (metrics.get(f"{WORKLOAD}.{key}") or {}).get("value") for key in METRICS[1:5]}}
 
 
 def _median(values: list[float | None]) -> float | None:
@@ -91,7 +97,8 @@ def main(a: Annotated[str, typer.Option(help="NAME=PYTHON of the first twin")],
             runs[name].append(_one(python))
     table = {name: {key: _median([run[key] for run in results]) for key in METRICS} for name, results in runs.items()}
     (name_a, row_a), (name_b, row_b) = table.items()
-    print(f"{'metric':22} {name_a:>10} {name_b:>10} {'B/A':>8}   (median of {rounds} round(s), cpu-tiny)")
+    print(f"{'metric':22} {name_a:>10} {name_b:>10} {'B/A':>8}   "
+          f"(median of {rounds} round(s), cpu-tiny, bench's {WORKLOAD} workload)")
     for key in METRICS:
         ratio = f"{row_b[key] / row_a[key]:.2f}" if row_a[key] and row_b[key] is not None else "n/a"
         print(f"{key:22} {row_a[key]!s:>10} {row_b[key]!s:>10} {ratio:>8}")
