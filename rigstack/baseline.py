@@ -89,6 +89,9 @@ class WheelSource(Source):
         return Path("build") / f"{pins.wheel(self.flavour)[0]}-{pins.vllm_version}"
 
     def pinned_wheel(self, pins: Pins) -> tuple[Path, str] | None:
+        if self.flavour == "cpu" and pins.cpu_is_twin:  # built here: its path and sha256 are the cache's record
+            built = twin.cached_wheel(pins)
+            return (built, twin.recorded_sha256(built)) if built else None
         _, name, sha256 = pins.wheel(self.flavour)
         return wheels_dir() / name, sha256
 
@@ -313,7 +316,8 @@ def base_wheel(source: Source, pins: Pins, sha256: str | None = None) -> tuple[P
     pinned release)."""
     if source.version is None:
         flavour = source.flavour or "gpu"
-        return fetch_wheel(pins, flavour), pins.wheel(flavour)[2], pins.vllm_version
+        wheel = fetch_wheel(pins, flavour)
+        return wheel, pinned_sha256(pins, flavour, wheel), pins.vllm_version
     pinned = pins.vllm_wheel_sha256 if source.version == pins.vllm_version else None
     wheel, actual = checked_release_wheel("vllm", source.version, sha256 or pinned,
                                           "--base-sha256" if sha256 else "the pin in versions.env")

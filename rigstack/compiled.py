@@ -17,6 +17,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from rigstack.atomic import temp_glob, write_atomic
+from rigstack import twin
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 from rigstack.gitrepo import PackageRepo
@@ -156,7 +157,11 @@ def reference_of(package: Path, pins: Pins, flavour: str) -> Reference:
     if flavour not in FLAVOURS:
         return Reference({})
     dist, wheel, _ = pins.wheel(flavour)
-    return reference_for(package, cache_dir() / "wheels" / wheel, dist, pins.vllm_version)
+    path = cache_dir() / "wheels" / wheel
+    if flavour == "cpu" and pins.cpu_is_twin:  # the twin's wheel is built into the cache, not downloaded
+        path = twin.cached_wheel(pins) or path
+        dist = "vllm"
+    return reference_for(package, path, dist, pins.vllm_version)
 
 
 def refusal(package: Path, wrong: dict[str, str], manifest: Manifest, pins: Pins, flavour: str) -> UserError:

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from rigstack.versions import load_pins
+
 from rigstack.serving import process, runrecord
 from rigstack.gateway import LITELLM_VERSION, gateway_venv, installed_version
 from rigstack.preflight.host import meminfo
@@ -344,7 +346,7 @@ def test_the_probes_measure_each_model_through_the_gateway(fleet: dict[str, Any]
             assert sum(served[model]) >= row["requests"] and sum(served[other]) == 0, served
             if fleet_args:
                 assert row["server_decode_tok_s"] is not None
-                assert result["provenance"]["server_version"].startswith("0.32")
+                assert result["provenance"]["server_version"] == load_pins().vllm_version
             else:
                 assert row["server_decode_tok_s"] is None and row["client_timing"] == "not cross-checked"
     print("FIGURES probes", json.dumps(figures))

@@ -12,6 +12,7 @@ import pytest
 from rigstack.client import parse_prometheus
 from rigstack.probes.bang import DEFAULT_PROMPT
 from rigstack.probes.measure import AGREE_WITHIN
+from rigstack.versions import load_pins
 from testing.probes import last_line, pristine_site, probe_server, run_script
 
 pytestmark = pytest.mark.server
@@ -36,7 +37,8 @@ def test_bench_pins_the_length(url: str, tmp_path: Path) -> None:
         assert row["server_decode_tok_s"] > 0 and row["ms_per_step"] > 0 and row["tokens_per_step"] == 1.0
     params = result["provenance"]["params"]
     assert params["fixed_length"] == "ignore_eos" and params["ignore_eos"] and params["temperature"] == 0.0
-    assert result["provenance"]["server_version"] == "0.32.0" and result["provenance"]["package"].endswith("vllm")
+    assert result["provenance"]["server_version"] == load_pins().vllm_version
+    assert result["provenance"]["package"].endswith("vllm")
     assert "no speculative decoding counters in /metrics" in result["notes"]
 
 
