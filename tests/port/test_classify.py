@@ -4,8 +4,6 @@ statuses of the cases the real 0.32.0 and 0.33.0 wheels made (upstreamed, moved,
 
 from __future__ import annotations
 
-import json
-import shutil
 import zipfile
 from pathlib import Path
 
@@ -17,8 +15,7 @@ from rigstack.wheelindex import release_wheel
 from rigstack.cache import wheels_dir
 from rigstack.gitrepo import PackageRepo
 from rigstack.port.classify import _hunk_bodies, _moved, _without_index
-from rigstack.versions import REPO_ROOT, load_pins
-from testing.cli import run_apply
+from rigstack.versions import load_pins
 from testing.patches import PatchMaker
 from testing.port import REAL_NEW, REAL_OLD, real_old_tree, real_old_versions
 

@@ -51,7 +51,11 @@ def test_conc_reconciles_usage_with_the_server_counter(url: str, tmp_path: Path)
     for row in rows:
         assert (row["ok"], row["failed"], row["output_tokens"]) == (4, 0, 128)
         assert row["server_tokens"] == row["output_tokens"]  # client usage == vllm:generation_tokens delta
-        assert row["ttft_ms_p50"] <= row["ttft_ms_p99"] and row["server_tpot_ms"] > 0 and row["e2e_ms_p99"] > 0
+        assert row["server_tpot_ms"] > 0 and row["e2e_ms_p99"] > 0
+        if row["ttft_ms_p50"] is None:  # refused (a burst, or the server's clock disagreed): said why, not printed
+            assert "TTFT" in row["not_measured"] and row["server_ttft_ms"] > 0, row
+        else:
+            assert row["ttft_ms_p50"] <= row["ttft_ms_p99"]
     assert (tmp_path / "c.png").stat().st_size > 1000
 
 
