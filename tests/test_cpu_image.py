@@ -67,7 +67,7 @@ def test_the_library_returns_warnings_instead_of_printing(capsys: pytest.Capture
 def test_the_docker_profile_mounts_the_model_read_only_and_caps_memory(tmp_path: Path) -> None:
     argv = render.docker_run(load_profile(PROFILE), model=tmp_path)
     assert argv[:2] == ["docker", "run"] and f"{tmp_path}:{tmp_path}:ro" in argv
-    assert argv[argv.index("--memory") + 1] == "4g"
+    assert argv[argv.index("--memory") + 1] == "6g"
     assert argv[argv.index("--entrypoint") + 2] == "rigstack/vllm:0.34.0-cpu-tiny-docker"
 
 
