@@ -210,6 +210,37 @@ def test_stop_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
     assert process.stop(tmp_path) is False
 
 
+def test_stop_never_signals_its_own_group_or_group_zero(tmp_path: Path) -> None:
+    """Issue 39 item 2: a record with pgid 0 made `stop` SIGTERM its own process group (the caller died silently)."""
+    for pgid in (0, 1, "own"):
+        script = ("import os, sys; from pathlib import Path; from rigstack.serving import process, runrecord\n"
+                  "pgid = os.getpgrp() if sys.argv[1] == 'own' else int(sys.argv[1])\n"
+                  "runrecord.write_record(Path(sys.argv[2]), runrecord.RunRecord(pid=pgid, pgid=pgid, "
+                  "start_ticks=process._start_ticks(pgid) or 0, argv=['x'], env={}, log='log', url='http://x:1', "
+                  "served_name='tiny'))\n"
+                  "print('stopped' if process.stop(Path(sys.argv[2]), grace_s=1) else 'nothing')\n")
+        done = subprocess.run([sys.executable, "-c", script, str(pgid), str(tmp_path)], capture_output=True,
+                              text=True, timeout=60, start_new_session=True)
+        assert (done.returncode, done.stdout.strip()) == (0, "nothing"), (pgid, done.returncode, done.stderr)
+
+
+def test_stop_leaves_alone_a_group_whose_recorded_leader_is_gone(tmp_path: Path) -> None:
+    """Issue 39 item 2: the recorded leader exited and its pgid now names an unrelated group, which stop signalled."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    unrelated = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        for pid in (gone.pid, unrelated.pid):  # a dead leader; a live one that is not the group's recorded leader
+            record = runrecord.RunRecord(pid=pid, pgid=unrelated.pid, start_ticks=1, argv=["x"], env={},
+                                         log=str(tmp_path / "log"), url="http://127.0.0.1:1", served_name="tiny")
+            runrecord.write_record(tmp_path, record)
+            assert process.running(tmp_path) is None and process.stop(tmp_path, grace_s=1) is False
+            assert unrelated.poll() is None, "the unrelated group was signalled"
+    finally:
+        unrelated.kill()
+        unrelated.wait()
+
+
 @pytest.mark.parametrize(("line", "expected"), [
     ("torch.OutOfMemoryError: CUDA out of memory.", "GPU out of memory"),
     ("ValueError: No valid attention backend found for cuda with head_size 576", "attention backend"),

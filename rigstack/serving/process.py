@@ -43,10 +43,13 @@ def _start_ticks(pid: int) -> int | None:
 
 
 def _live_members(record: RunRecord) -> list[int]:
-    """Live processes of the recorded group; none when the recorded pid now belongs to someone else."""
-    ticks = _start_ticks(record.pid)
-    if ticks is not None and ticks != record.start_ticks:
+    """Live processes of the recorded group while its leader is still the recorded process (pid and start time);
+    none otherwise. start() makes the server a group leader (pid == pgid); a record that says otherwise, or names
+    group 0, 1 or this process's own, was not written by it and is never signalled."""
+    if record.pid != record.pgid or record.pgid <= 1 or record.pgid == os.getpgrp():
         return []
+    if _start_ticks(record.pid) != record.start_ticks:
+        return []  # the leader is gone, or its pid now belongs to another process
     members = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -138,8 +141,8 @@ def stop(run_dir: Path, grace_s: float = 30.0, on_event: OnEvent = quiet) -> boo
 
 
 def end(record: RunRecord, grace_s: float = 30.0, on_event: OnEvent = quiet) -> bool:
-    """End one recorded server. Only its group is signalled, and only while its leader is the recorded process
-    (or the group still exists); False when nothing of it runs."""
+    """End one recorded server. Only its group is signalled, and only while its leader is the recorded process;
+    False when nothing of it runs."""
     if not _live_members(record):
         return False
     _signal_group(record, signal.SIGTERM)
