@@ -120,8 +120,12 @@ def patched_source(path: str) -> str:
                     raise FileNotFoundError(f"no pinned copy of {path}: set RIGSTACK_VLLM_BASE")
                 lines = (base.parent / path).read_text().splitlines()
         lines = _apply(lines, diff)
-    if lines is None:
-        raise FileNotFoundError(f"no patch in {PATCHES_DIR} touches {path}")
+    if lines is None:  # a file the stack leaves as it is: the pinned copy
+        base = _base_dir()
+        if base is None or not (base.parent / path).is_file():
+            raise FileNotFoundError(f"no patch in {PATCHES_DIR} touches {path} and no pinned copy of it: set "
+                                    "RIGSTACK_VLLM_BASE")
+        return (base.parent / path).read_text()
     return "\n".join(lines) + "\n"
 
 
