@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from rigstack import launch
 from rigstack.serving import events, process, ready, runrecord, unit
 from rigstack.errors import UserError
 from rigstack.output import launch as launch_output
+from testing.mounts import mounted, read_only
 from testing.net import free_port
 
 FAKE_SERVER = r'''
@@ -239,6 +241,34 @@ def test_stop_leaves_alone_a_group_whose_recorded_leader_is_gone(tmp_path: Path)
     finally:
         unrelated.kill()
         unrelated.wait()
+
+
+def _running_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker.encode() in (entry / "cmdline").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_a_run_record_that_cannot_be_written_leaves_no_server(tmp_path: Path) -> None:
+    """Issue 39 item 3: the server started, server.json failed (ENOSPC) and the engine kept running unrecorded."""
+    marker = f"rigstack-orphan-{os.getpid()}"
+    argv = [sys.executable, "-c", "import time; time.sleep(120)", marker]
+    with mounted(tmp_path / "full", "-t", "tmpfs", "-o", "size=1m", "tmpfs") as mount:
+        (mount / "run").mkdir()
+        (mount / "filler").write_bytes(b"\0" * (shutil.disk_usage(mount).free - 2048))
+        with pytest.raises(UserError, match="cannot write the run record in .*run: No space left on device; free "
+                                            "space there or pass another --run-dir; the server it started"):
+            process.start(argv, {}, mount / "run", url=f"http://127.0.0.1:{free_port()}", served_name="tiny")
+        assert _running_with(marker) == []
+        with read_only(mount):
+            with pytest.raises(UserError, match="Read-only file system.*nothing was started"):
+                process.start(argv, {}, mount / "other", url=f"http://127.0.0.1:{free_port()}", served_name="tiny")
+        assert _running_with(marker) == []
 
 
 @pytest.mark.parametrize(("line", "expected"), [

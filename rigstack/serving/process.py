@@ -88,9 +88,13 @@ def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, 
     refuse_if_serving(run_dir, f"{STOP_HINT} --run-dir {run_dir}")
     if check_port and port_taken(url):
         raise UserError(f"{url} already answers: another server holds the port; stop it or change the port")
-    run_dir.mkdir(parents=True, exist_ok=True)
     log_path = run_dir / LOG_NAME
-    with log_path.open("wb") as log:
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        log = log_path.open("wb")
+    except OSError as error:
+        raise _unwritable(run_dir, error, "nothing was started") from None
+    with log:
         try:
             process = subprocess.Popen(list(argv), env={**os.environ, **env}, stdin=subprocess.DEVNULL,
                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -100,8 +104,19 @@ def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, 
     record = RunRecord(pid=process.pid, pgid=process.pid, start_ticks=_start_ticks(process.pid) or 0,
                        argv=list(argv), env=dict(env), log=str(log_path), url=url, served_name=served_name,
                        container=container, profile=profile)
-    write_record(run_dir, record)
+    try:
+        write_record(run_dir, record)
+    except OSError as error:
+        # Unrecorded, `stop` could never find it: it would hold the port (on a rig, the GPUs) until found by hand.
+        _signal_group(record, signal.SIGKILL)
+        process.wait()
+        raise _unwritable(run_dir, error, f"the server it started (pid {process.pid}) was stopped") from None
     return process, record
+
+
+def _unwritable(run_dir: Path, error: OSError, outcome: str) -> UserError:
+    return UserError(f"cannot write the run record in {run_dir}: {error.strerror}; free space there or pass "
+                     f"another --run-dir; {outcome}")
 
 
 # -- stopping ----------------------------------------------------------------------------------------------------
