@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import tempfile
@@ -34,6 +35,9 @@ def _usage_error(error: typer.TyperException) -> int:
     where = f" (see `{context.command_path} --help`)" if context is not None else ""
     console.print(f"[bold red]error:[/] {escape(error.format_message() + where)}")
     return error.exit_code
+
+
+_DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
 
 
 def _prog_name() -> str:
@@ -71,6 +75,13 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     except Exception as error:  # noqa: BLE001 - the last line of defence: a bug, reported as one
         if debug:
             raise
+        if isinstance(error, OSError) and error.errno in _DISK_ERRORS:
+            # A full or read-only disk is the user's to fix wherever the write was, not a bug of the tool.
+            where = f" {error.filename}" if error.filename else ""
+            console.print(f"[bold red]error:[/] cannot write{escape(where)}: {error.strerror}; free space there or "
+                          "point the command elsewhere (--out, --run-dir, RIGSTACK_CACHE) and rerun",
+                          soft_wrap=True)
+            return 1
         console.print(f"[bold red]bug:[/] {type(error).__name__}: {error} (traceback in {_log_traceback()}; "
                       "rerun with --debug to see it)", soft_wrap=True)
         return EXIT_BUG

@@ -130,6 +130,20 @@ def test_a_bug_is_still_a_bug(tool_python: Path, tmp_path: Path) -> None:
     assert "ZeroDivisionError" in log.read_text()
 
 
+@pytest.mark.parametrize("code", ["ENOSPC", "EROFS", "EDQUOT"])
+def test_a_full_or_read_only_disk_is_one_line_not_a_bug(tool_python: Path, tmp_path: Path, code: str) -> None:
+    """Issue 39 item 3: a write that meets a full or read-only disk anywhere (plan --png, a cache file) ended in
+    `bug:` (exit 3); it is the user's to fix: one line naming the file, exit 1, no crash log."""
+    script = ("import errno, os, sys, typer; from rigstack import cli; app = typer.Typer(); "
+              f"err = errno.{code}; "
+              "app.command()(lambda: (_ for _ in ()).throw(OSError(err, os.strerror(err), '/cache/x.json'))); "
+              "sys.exit(cli.run(app, []))")
+    done = run(tool_python, "-c", script, tmp=tmp_path / "tmp")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.startswith("error: cannot write /cache/x.json: ") and "free space there" in done.stderr
+    assert len(done.stderr.splitlines()) == 1 and not list((tmp_path / "tmp").iterdir())
+
+
 @pytest.fixture(scope="module")
 def helps(tool_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], str]:
     """`--help` of every entry point and of each of its subcommands, from the tool venv (a few at a time)."""
