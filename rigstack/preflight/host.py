@@ -18,6 +18,8 @@ MEMINFO = Path("/proc/meminfo")
 
 def port_in_use(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # As the server will bind (uvicorn sets SO_REUSEADDR): a stopped server's TIME_WAIT sockets do not count.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as error:

@@ -23,6 +23,23 @@ def test_port_in_use_fails(tmp_path: Path) -> None:
     assert_status(host.port(context(profile)), Status.PASS, f"port {port} free")
 
 
+def test_a_port_a_stopped_server_left_in_time_wait_is_free(tmp_path: Path) -> None:
+    """Issue 39 item 10: right after a stop the server's side of its connections sits in TIME_WAIT for about a
+    minute; the server binds with SO_REUSEADDR (uvicorn does) and starts, so the check must not call it in use."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does; its TIME_WAITs inherit it
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server closes first: its end goes to TIME_WAIT
+        client.recv(1)
+        client.close()
+    profile = profile_at(tmp_path, f"extends: cpu-tiny\nport: {port}\n")
+    assert_status(host.port(context(profile)), Status.PASS, f"port {port} free")
+
+
 def test_replicas_check_every_port(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
