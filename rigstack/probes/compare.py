@@ -4,6 +4,7 @@ than its tolerance. Corruption-probe results are also put through the fidelity g
 from __future__ import annotations
 
 import fnmatch
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +39,8 @@ def parse_tolerances(specs: list[str]) -> Tolerances:
         except ValueError:
             raise UserError(f"--tol {spec!r}: expected a number or NAME=NUMBER, like --tol 0.05 or "
                             "--tol '*.ttft_ms=0.3'") from None
-        if value < 0:
-            raise UserError(f"--tol {spec!r}: a tolerance is a fraction >= 0, like 0.05 for 5%")
+        if not math.isfinite(value) or value < 0:  # nan would let any regression pass
+            raise UserError(f"--tol {spec!r}: a tolerance is a finite fraction >= 0, like 0.05 for 5%")
         if sep:
             patterns.append((name, value))
         else:

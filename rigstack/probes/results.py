@@ -9,6 +9,7 @@ import csv
 import importlib.util
 import io
 import json
+import math
 import os
 import platform
 import subprocess
@@ -219,6 +220,14 @@ def load_result(path: Path) -> Result:
     if raw["schema_version"] != SCHEMA_VERSION:
         raise UserError(f"{path}: result schema {raw['schema_version']}, this tool reads {SCHEMA_VERSION}; "
                         "rerun the probe with this version")
+    metrics = raw.get("metrics")
+    for name, metric in (metrics.items() if isinstance(metrics, dict) else ()):
+        value = metric.get("value") if isinstance(metric, dict) else None
+        # A probe writes a number or null; "12", true, NaN or Infinity would slip through a comparison unjudged.
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value)):
+            raise UserError(f"{path}: metric {name} is {value!r}, not a finite number; rerun the probe that "
+                            "writes it")
     try:
         return Result.model_validate(raw)
     except ValidationError as error:

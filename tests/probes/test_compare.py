@@ -85,7 +85,19 @@ def test_missing_file_and_kind_mismatch(tmp_path: Path) -> None:
         compare_files(good, other.with_suffix(".json"), [])
 
 
-@pytest.mark.parametrize("spec", ["fast", "x=abc", "-0.1"])
+@pytest.mark.parametrize("spec", ["fast", "x=abc", "-0.1", "nan", "inf", "*.ttft_ms=nan"])
 def test_bad_tolerance(spec: str) -> None:
     with pytest.raises(UserError, match="--tol"):
         parse_tolerances([spec])
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", '"nan"', '"12"', "true"])
+def test_a_metric_that_is_no_finite_number_is_an_error_not_a_pass(tmp_path: Path, value: str) -> None:
+    """Issue 39 item 7: B's metrics as NaN or strings made compare say "no regression" and exit 0."""
+    good = _write(tmp_path, "good")
+    bad = tmp_path / "bad.json"
+    bad.write_text(good.read_text().replace('"value": 100.0', f'"value": {value}', 1))
+    assert bad.read_text() != good.read_text()
+    process = run_script("compare.py", str(good), str(bad))
+    assert process.returncode == 1, process.stdout
+    assert "metric c1.aggregate_tok_s is" in last_line(process) and "not a finite number" in last_line(process)
