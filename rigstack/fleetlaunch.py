@@ -15,6 +15,7 @@ API:
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -90,6 +91,19 @@ def _preflight(fleet: Fleet, force: bool, on_event: OnEvent) -> None:
         on_event(Forced())
 
 
+def _gateway_key(fleet: Fleet) -> str | None:
+    """The key a keyed gateway demands (its readiness is probed with it); refused by name, before anything starts,
+    when the variable is unset: LiteLLM would start without a master key and every probe would fail."""
+    name = fleet.gateway.api_key_env
+    if name is None:
+        return None
+    key = os.environ.get(name)
+    if not key:
+        raise UserError(f"fleet {fleet.name}: gateway.api_key_env names {name}, which is not set here; export it "
+                        f"(the key clients will send) and rerun; nothing was started")
+    return key
+
+
 def serve_fleet(name: str, *, run_dir: Path | None = None, dry_run: bool = False, force: bool = False,
                 python: str = sys.executable, on_event: OnEvent = quiet) -> int:
     fleet = load_fleet(name)
@@ -97,6 +111,7 @@ def serve_fleet(name: str, *, run_dir: Path | None = None, dry_run: bool = False
     if dry_run:
         on_event(DryRun(dry_run_commands(fleet, run_dir, python)))
         return 0
+    key = _gateway_key(fleet)
     pools = fleet_units(fleet, run_dir, python)
     gateway = gateway_unit(fleet, run_dir)
     hint = stop_hint(fleet, run_dir)
@@ -109,7 +124,8 @@ def serve_fleet(name: str, *, run_dir: Path | None = None, dry_run: bool = False
             launch_units(units, pool.model.served_name, pool.health_timeout_s, started, on_event)
         write_files(fleet, run_dir)
         launched = launch(gateway.argv, gateway.env, gateway.run_dir, url=gateway.url,
-                          served_name=fleet.served_names[0], timeout_s=GATEWAY_TIMEOUT_S, on_event=on_event)
+                          served_name=fleet.served_names[0], timeout_s=GATEWAY_TIMEOUT_S, on_event=on_event,
+                          api_key=key)
         started.append(launched.record)
     except BaseException:
         for record in reversed(started):  # the gateway first, then each pool from its router down

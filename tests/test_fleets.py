@@ -128,6 +128,17 @@ def test_a_fleet_with_a_key_makes_the_gateway_ask_for_it(tmp_path: Path) -> None
     assert gateway.litellm_config(load_fleet(path))["general_settings"] == {"master_key": "os.environ/FLEET_KEY"}
 
 
+def test_a_keyed_fleet_whose_key_is_unset_starts_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39 item 4: with the variable unset every pool booted first, then the gateway failed without naming it."""
+    path = _fleet(tmp_path, "port: 8080\ndescription: test\ngateway:\n  api_key_env: FLEET_KEY_UNSET\nmembers:\n"
+                            "  - profile: cpu-tiny-a\n")
+    monkeypatch.delenv("FLEET_KEY_UNSET", raising=False)
+    with pytest.raises(UserError, match="gateway.api_key_env names FLEET_KEY_UNSET, which is not set here; export "
+                                        "it .* nothing was started"):
+        fleetlaunch.serve_fleet(str(path), run_dir=tmp_path / "run", force=True)
+    assert not (tmp_path / "run").exists()
+
+
 def _dry_run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "scripts/run_prod.py", *args, "--dry-run"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, check=False)

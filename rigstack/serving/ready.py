@@ -126,10 +126,11 @@ def _died(process: subprocess.Popen[bytes], record: RunRecord, stage: str) -> Se
 
 
 def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: float,
-               on_event: OnEvent = quiet) -> dict[str, float]:
+               on_event: OnEvent = quiet, api_key: str | None = None) -> dict[str, float]:
     """Walk the stages in order; returns seconds since start at which each passed. Every poll is reported, with
-    the log's newest line: a boot takes minutes, and the log says what it is doing (loading shard 12 of 40)."""
-    server = Server(Endpoint(record.url, record.served_name), timeout_s=REQUEST_TIMEOUT_S)
+    the log's newest line: a boot takes minutes, and the log says what it is doing (loading shard 12 of 40).
+    api_key: the bearer key a server that demands one (a keyed gateway) is probed with."""
+    server = Server(Endpoint(record.url, record.served_name, api_key), timeout_s=REQUEST_TIMEOUT_S)
     began = time.monotonic()
     passed: dict[str, float] = {}
     on_event(WaitStarted(record))
@@ -155,12 +156,13 @@ def wait_ready(process: subprocess.Popen[bytes], record: RunRecord, timeout_s: f
 
 def launch(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, served_name: str,
            timeout_s: float, container: str | None = None, on_event: OnEvent = quiet,
-           profile: str | None = None) -> Launched:
-    """Start the server and wait until it answers a completion; on any failure stop it before raising."""
+           profile: str | None = None, api_key: str | None = None) -> Launched:
+    """Start the server and wait until it answers a completion (probed with api_key, when it demands one); on any
+    failure stop it before raising."""
     process, record = start(argv, env, run_dir, url=url, served_name=served_name, container=container,
                             profile=profile)
     try:
-        stage_s = wait_ready(process, record, timeout_s, on_event)
+        stage_s = wait_ready(process, record, timeout_s, on_event, api_key)
     except BaseException as error:
         end(record, on_event=on_event)
         process.wait()
