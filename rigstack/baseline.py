@@ -89,11 +89,7 @@ class WheelSource(Source):
         return Path("build") / f"{pins.wheel(self.flavour)[0]}-{pins.vllm_version}"
 
     def pinned_wheel(self, pins: Pins) -> tuple[Path, str] | None:
-        if self.flavour == "cpu" and pins.cpu_is_twin:  # built here: its path and sha256 are the cache's record
-            built = twin.cached_wheel(pins)
-            return (built, twin.recorded_sha256(built)) if built else None
-        _, name, sha256 = pins.wheel(self.flavour)
-        return wheels_dir() / name, sha256
+        return twin.pinned_wheel(pins, self.flavour)
 
     def files(self, pins: Pins, binaries: BinarySink) -> Iterator[PackageFile]:
         return pinned_wheel_files(pins, self.flavour, binaries)
@@ -276,10 +272,8 @@ def pinned_wheel_files(pins: Pins, flavour: str,
 
 def _local_wheel(pins: Pins, flavour: str) -> Path | None:
     """The flavour's pinned wheel where it lies here (the twin's in its build home), None when absent."""
-    if flavour == "cpu" and pins.cpu_is_twin:
-        return twin.cached_wheel(pins)
-    wheel = wheels_dir() / pins.wheel(flavour)[1]
-    return wheel if wheel.is_file() else None
+    pinned = twin.pinned_wheel(pins, flavour)
+    return pinned[0] if pinned and pinned[0].is_file() else None
 
 
 def _cached_wheel(pins: Pins, flavour: str) -> Path:

@@ -157,21 +157,20 @@ def reference_of(package: Path, pins: Pins, flavour: str) -> Reference:
     if flavour not in FLAVOURS:
         return Reference({})
     dist, wheel, _ = pins.wheel(flavour)
-    path = cache_dir() / "wheels" / wheel
-    if flavour == "cpu" and pins.cpu_is_twin:  # the twin's wheel is built into the cache, not downloaded
-        path = twin.cached_wheel(pins) or path
+    pinned = twin.pinned_wheel(pins, flavour)
+    if flavour == "cpu" and pins.cpu_is_twin:  # built here from the sdist, as the distribution vllm
         dist = "vllm"
-    return reference_for(package, path, dist, pins.vllm_version)
+    return reference_for(package, pinned[0] if pinned else cache_dir() / "wheels" / wheel, dist, pins.vllm_version)
 
 
 def refusal(package: Path, wrong: dict[str, str], manifest: Manifest, pins: Pins, flavour: str) -> UserError:
     """One line naming the first changed compiled file, what it was checked against, and how to get it back."""
     path, how = next(iter(sorted(wrong.items())))
     more = f" (and {len(wrong) - 1} more)" if len(wrong) > 1 else ""
-    built = twin.cached_wheel(pins) if flavour == "cpu" and pins.cpu_is_twin else None
-    # Extracted copies are kept by their wheel's sha256 (rigstack.applier._binary_cache); the twin's is recorded.
-    sha256 = twin.recorded_sha256(built) if built else pins.wheel(flavour)[2] if flavour in FLAVOURS else ""
-    kept = cache_dir() / "extracted" / sha256 / path if sha256 else None
+    pinned = twin.pinned_wheel(pins, flavour) if flavour in FLAVOURS else None
+    built = pinned[0] if pinned and flavour == "cpu" and pins.cpu_is_twin else None
+    # Extracted copies are kept by their wheel's sha256 (rigstack.applier._binary_cache).
+    kept = cache_dir() / "extracted" / pinned[1] / path if pinned and pinned[1] else None
     if kept is not None and kept.is_file():
         fix = f"copy it back (`cp {kept} {package / path}`)"
     elif built:

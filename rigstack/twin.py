@@ -17,7 +17,7 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from rigstack.cache import cache_dir
+from rigstack.cache import cache_dir, wheels_dir
 from rigstack.errors import UserError
 from rigstack.files import sha256_of
 from rigstack.versions import REPO_ROOT, Pins
@@ -65,6 +65,17 @@ def cached_wheel(pins: Pins) -> Path | None:
 
 def recorded_sha256(wheel: Path) -> str:
     return (wheel.parent / RECORD).read_text().split()[0]
+
+
+def pinned_wheel(pins: Pins, flavour: str) -> tuple[Path, str] | None:
+    """Where a flavour's pinned wheel lies (or will, once downloaded) and the sha256 it must have: where the CPU
+    flavour is the twin, its build home and recorded sha256 (None until it is built); else the cache's wheels/ and
+    versions.env's sha256."""
+    if flavour == "cpu" and pins.cpu_is_twin:
+        built = cached_wheel(pins)
+        return (built, recorded_sha256(built)) if built else None
+    _, name, sha256 = pins.wheel(flavour)
+    return wheels_dir() / name, sha256
 
 
 def patches() -> list[Path]:
