@@ -65,7 +65,8 @@ class Step:
 
 
 def ssh(host: Host, argv: list[str]) -> list[str]:
-    return ["ssh", "-o", "BatchMode=yes", host.ssh or host.address, "--", shlex.join(argv)]
+    # A host that drops packets would hold the probe for the kernel's connect timeout (about two minutes).
+    return ["ssh", "-o", "ConnectTimeout=10", "-o", "BatchMode=yes", host.ssh or host.address, "--", shlex.join(argv)]
 
 
 def _with_env(argv: list[str], env: dict[str, str]) -> list[str]:

@@ -3,9 +3,9 @@
 The twin's own build patches live in twin/ (never patches/, which is what the rigs run); twin/README.md says what
 each one changes and why, what the twin runs (the standalone no-Triton CPU runner) and what that leaves unproven.
 The wheel is kept in the cache under a key of everything that decides its bytes: the sdist's and oneDNN's sha256,
-the ISA, the twin's patches, the torch it compiles against and the compiler. Its own sha256 is recorded beside it
-when built and checked on every use (builds are not byte-reproducible, so nothing can pin it in versions.env): a
-wheel that no longer matches is rebuilt, never used.
+the ISA and oneDNN's build options, the twin's patches, the torch it compiles against and the compiler. Its own
+sha256 is recorded beside it when built and checked on every use (builds are not byte-reproducible, so nothing can
+pin it in versions.env): a wheel that no longer matches is rebuilt, never used.
 """
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ TWIN_PATCHES = REPO_ROOT / "twin"
 # The lowest ISA every x86-64 CI host has (AVX2 and AVX-512 machines alike): vLLM's own kernels are built as
 # _C_AVX2 only, and oneDNN's JIT is capped at AVX2, so both kinds of host run the same kernels.
 ISA = "AVX2"
+# oneDNN's build at that ISA: its primitives' JIT (ONEDNN_ENABLE_PRIMITIVE_CPU_ISA) and its x64/gemm kernels, whose
+# AVX-512 and AMX files (30 of its ~420) would otherwise be compiled for kernels the twin never dispatches.
+ONEDNN_OPTIONS = (f"-DONEDNN_ENABLE_PRIMITIVE_CPU_ISA={ISA}", f"-DONEDNN_ENABLE_GEMM_KERNELS_ISA={ISA}")
 RECORD = "wheel.sha256"
 # What the wheel declares but cannot have here: a torch +cpu build and triton-cpu (no registry here serves either;
 # the venv's torch is the pinned CUDA build), and torch's companions, whose CUDA builds break `import vllm`.
@@ -41,7 +44,8 @@ def build_inputs() -> Path:
 def key(pins: Pins) -> str:
     """The cache key: the inputs that decide the wheel's bytes."""
     digest = hashlib.sha256()
-    for part in (pins.vllm_sdist_sha256, pins.onednn_src_sha256, ISA, pins.torch_version, compiler()):
+    for part in (pins.vllm_sdist_sha256, pins.onednn_src_sha256, ISA, *ONEDNN_OPTIONS, pins.torch_version,
+                 compiler()):
         digest.update(part.encode() + b"\0")
     for patch in patches():
         digest.update(patch.read_bytes())

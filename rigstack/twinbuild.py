@@ -57,7 +57,7 @@ def build(pins: Pins, python: str, on_event: Callable[[str], None], jobs: int | 
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "MAX_JOBS": str(jobs),
            "PATH": f"{Path(python).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "FETCHCONTENT_SOURCE_DIR_ONEDNN": str(work / "onednn"),
-           "CMAKE_ARGS": f"-DCMAKE_PROJECT_INCLUDE={shim} -DONEDNN_ENABLE_PRIMITIVE_CPU_ISA={twin.ISA}"}
+           "CMAKE_ARGS": " ".join((f"-DCMAKE_PROJECT_INCLUDE={shim}", *twin.ONEDNN_OPTIONS))}
     started = time.monotonic()
     _compile([python, "-m", "pip", "wheel", "-v", "--no-build-isolation", "--no-deps", "-w", str(work / "dist"), "."],
              source, env, log, on_event, started)

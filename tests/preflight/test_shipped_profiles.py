@@ -22,7 +22,9 @@ ABSENT_HERE = {
     "stamp": (r"is the cpu build, profile \S+ runs the gpu one", "this box has only the cpu build of vLLM"),
     "imports": (r"No module named 'torchvision'", "the cpu build lacks the gpu build's torchvision"),
     "replica-gpus": (r"this host has 0 \(none\)", "no GPU on this box"),
-    "hosts": (r"the version probe did not run", "the rig's other hosts are not reachable from here"),
+    # ssh gives up on them after its ConnectTimeout (exit 255), not the probe's two minutes.
+    "hosts": (r"the version probe failed \(exit 255: .*(timed out|refused|No route)",
+              "the rig's other hosts are not reachable from here"),
     # The offload rig keeps its experts in its own host RAM, far more than this box has.
     "host-ram": (r"GiB of experts are to live in host RAM", "the offload rig's host RAM"),
     "kv-room": (r"^host RAM: the offloaded experts take", "the offload rig's host RAM"),
