@@ -35,6 +35,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rigstack.errors import UserError
 from rigstack.profiles import MAX_UNITS, Lines, Profile, Word, load_profile, read_yaml, resolve_path
+from rigstack.profiles.values import Items, usable_values
 from rigstack.render import replica_gpus
 from rigstack.replicas import public_ports
 from rigstack.serving.unit import probe_url
@@ -42,11 +43,13 @@ from rigstack.versions import REPO_ROOT
 
 FLEETS_DIR = REPO_ROOT / "fleets"
 _LOADER_KEYS = ("name", "source_file", "pools")
+_FIX = "name a fleet's YAML file (fleets/ holds the shipped ones)"
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    # strict, as profiles are: `port: true` is not port 1, and "8080" or 8080.0 is not 8080.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False, strict=True)
 
 
 class Member(_Frozen):
@@ -54,7 +57,7 @@ class Member(_Frozen):
 
     profile: str  # a profile name (profiles/) or a YAML path
     replicas: int | None = Field(None, ge=1, le=MAX_UNITS)
-    gpu_sets: tuple[tuple[Annotated[int, Field(ge=0)], ...], ...] | None = None
+    gpu_sets: Items[Items[Annotated[int, Field(ge=0)]]] | None = None
     port: Port | None = None  # the first engine's port; replica i listens on port + i
     router_port: Port | None = None
     metrics_port: Port | None = None
@@ -75,7 +78,7 @@ class Fleet(_Frozen):
     host: Word = "0.0.0.0"
     port: Port
     gateway: Gateway = Gateway()
-    members: tuple[Member, ...] = Field(min_length=1)
+    members: Items[Member] = Field(min_length=1)
     source_file: str = ""
     pools: tuple[Profile, ...] = ()  # set by the loader: members[i] as it runs
 
@@ -147,7 +150,7 @@ def _is_fleet(name: str) -> bool:
     """A member naming a fleet: a fleets/ name that is no profile, or a YAML file with members:."""
     candidate = Path(name)
     if candidate.suffix in (".yaml", ".yml") or "/" in name:
-        return candidate.is_file() and "members" in read_yaml(candidate)[0]
+        return candidate.is_file() and "members" in read_yaml(candidate, "fleet", _FIX)[0]
     return (FLEETS_DIR / f"{name}.yaml").is_file() and not (REPO_ROOT / "profiles" / f"{name}.yaml").is_file()
 
 
@@ -199,7 +202,8 @@ def _pool(member: Member, base: Profile, index: int, where: _Where) -> Profile:
 
 
 # A profile validator's message names the profile key; the fleet's line is that of the member key that set it.
-_PROFILE_KEYS = {"'gpu_sets'": "gpu_sets", "'router.port'": "router_port", "'router.metrics_port'": "metrics_port"}
+_PROFILE_KEYS = {"'port'": "port", "'gpu_sets'": "gpu_sets", "'router.port'": "router_port",
+                 "'router.metrics_port'": "metrics_port"}
 
 
 def _check_gpus(pools: list[Profile], where: _Where) -> None:
@@ -247,16 +251,18 @@ def _check_ports(fleet: Fleet, pools: list[Profile], where: _Where) -> None:
 def load_fleet(name_or_path: str | Path) -> Fleet:
     """A validated fleet, its members resolved to the profiles they run."""
     path = resolve_fleet(str(name_or_path))
-    data, lines = read_yaml(path)
+    data, lines = read_yaml(path, "fleet", _FIX)
     where = _Where(lines, str(path))
     for key in _LOADER_KEYS:
         if key in data:
             raise where.error((key,), "set by the loader (the name is the file name); remove it")
     data.update(name=path.stem, source_file=str(path))
     try:
-        fleet = Fleet.model_validate(data)
+        fleet = Fleet.model_validate(usable_values(data))
     except ValidationError as error:
         raise _schema_error(error, where) from None
+    except ValueError as error:  # usable_values: a non-finite or huge number, a line break in a value
+        raise UserError(f"{where.file}: {error}; fix the fleet") from None
     pools = [_pool(member, _base_profile(member, index, path.parent, where), index, where)
              for index, member in enumerate(fleet.members)]
     _check_gpus(pools, where)

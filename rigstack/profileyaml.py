@@ -126,7 +126,7 @@ def read_yaml(path: Path, what: str = "profile", fix: str = _FIX) -> tuple[dict[
     finally:
         loader.dispose()
     if not isinstance(data, dict):
-        raise UserError(f"{path}:1: a profile is a mapping of keys, got {type(data).__name__}; see profiles/")
+        raise UserError(f"{path}:1: a {what} is a mapping of keys, got {type(data).__name__}; {fix}")
     lines: Lines = {}
     if node is not None:
         _walk(node, (), str(path), lines)

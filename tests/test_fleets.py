@@ -233,3 +233,29 @@ def test_stop_ends_the_gateway_first_then_each_pool_from_its_router(tmp_path: Pa
     assert all(process.running(folder) is None for folder in folders)
     with pytest.raises(UserError, match="no running server of fleet cpu-tiny-mixed is recorded in"):
         fleetlaunch.stop_fleet("cpu-tiny-mixed", run_dir=run_dir)
+
+
+@pytest.mark.parametrize(("head", "line", "expected"), [
+    ("port: true", 2, "port: Input should be a valid integer"),  # it was port 1, and preflight passed it
+    ("port: '8080'", 2, "port: Input should be a valid integer"),
+    ("port: 8080.0", 2, "port: Input should be a valid integer"),
+    ("port: 8080\ngateway:\n  timeout_s: '60'", 4, "gateway.timeout_s: Input should be a valid integer"),
+])
+def test_fleet_values_are_the_types_they_name(tmp_path: Path, head: str, line: int, expected: str) -> None:
+    """Issue 39 item 9: the fleet schema coerced, unlike the profile's."""
+    text = f"host: 127.0.0.1\n{head}\ndescription: test\nmembers:\n" + GLM0
+    message = _error(_fleet(tmp_path, text))
+    assert message.startswith(f"{tmp_path / 'fleet.yaml'}:{line}: {expected}"), message
+
+
+def test_a_replica_port_past_65535_is_named_at_load(tmp_path: Path) -> None:
+    """Issue 39 item 9: port 65535 with 2 replicas rendered port 65536, and preflight then crashed."""
+    message = _error(_fleet(tmp_path, BASE + GLM0.replace("router_port: 8090", "router_port: 8090\n    port: 65535")))
+    assert message.startswith(f"{tmp_path / 'fleet.yaml'}:8: members.0.port: 'port': replica 1 would listen on port "
+                              "65536, past 65535; lower port: or parallel.replicas"), message
+
+
+def test_a_fleet_file_that_is_not_a_mapping_is_called_a_fleet(tmp_path: Path) -> None:
+    message = _error(_fleet(tmp_path, "- just\n- a list\n"))
+    assert message == (f"{tmp_path / 'fleet.yaml'}:1: a fleet is a mapping of keys, got list; name a fleet's YAML "
+                       "file (fleets/ holds the shipped ones)")

@@ -236,6 +236,9 @@ class Profile(_Frozen):
                              f"{self.parallel.pp}; give one layer count per stage")
         if self.flavour == "cpu" and self.hardware.gpu_name is not None:
             raise ValueError("'hardware.gpu_name': a cpu profile matches no GPU; remove it")
+        if self.port + self.parallel.replicas - 1 > 65535:
+            raise ValueError(f"'port': replica {self.parallel.replicas - 1} would listen on port "
+                             f"{self.port + self.parallel.replicas - 1}, past 65535; lower port: or parallel.replicas")
         if self.router is not None and self.router.port in range(self.port, self.port + self.parallel.replicas):
             raise ValueError(f"'router.port': {self.router.port} is also a replica's port ({self.port} to "
                              f"{self.port + self.parallel.replicas - 1}); move port: or router.port")
