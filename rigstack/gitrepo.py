@@ -41,6 +41,24 @@ def state_dir_for(package: Path) -> Path:
     return package.parent / f"{package.name}.rigstack"
 
 
+class _LiteralGit(git.Git):
+    """GitPython's command runner in a folder named as given: git.Git expands `$VAR` and `~` in its folder (and has
+    no switch to stop it), so a checkout under a path holding a `$` ran git somewhere else."""
+
+    def __init__(self, working_dir: Path | None) -> None:
+        super().__init__(None)
+        self._working_dir = None if working_dir is None else str(working_dir)
+
+
+class _LiteralRepo(git.Repo):
+    GitCommandWrapperType = _LiteralGit
+
+
+def checkout_repo(path: Path, search_parent_directories: bool = False) -> git.Repo:
+    """A git checkout (rigstack's own, a fork's) as GitPython reads it, its path taken literally."""
+    return _LiteralRepo(path, search_parent_directories=search_parent_directories, expand_vars=False)
+
+
 @dataclass(frozen=True)
 class ApplyOutcome:
     ok: bool
@@ -66,7 +84,7 @@ class PackageRepo:
             # Dry runs write new objects to a scratch store and only read the real one.
             self._env["GIT_OBJECT_DIRECTORY"] = str(object_dir)
             self._env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = str(self.git_dir / "objects")
-        self._git = git.Git(str(package) if package.is_dir() else None)
+        self._git = _LiteralGit(package if package.is_dir() else None)
 
     @property
     def exists(self) -> bool:
@@ -92,7 +110,9 @@ class PackageRepo:
 
     def init(self) -> None:
         self.git_dir.mkdir(parents=True, exist_ok=True)
-        git.Repo.init(str(self.git_dir), bare=True)
+        # Not git.Repo.init: it expands `$VAR` in the path (and expands again, whatever its expand_vars says).
+        _LiteralGit(None).execute(["git", "init", "--bare", "-q", str(self.git_dir)],
+                                  env={"GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull})
         self.run("config", "core.bare", "false")
         self.run("config", "core.autocrlf", "false")
         self.run("config", "gc.auto", "0")
@@ -355,7 +375,7 @@ class PackageRepo:
 def checkout_revision(root: Path) -> tuple[str, str]:
     """A git checkout's origin URL and commit (with -dirty when it has changes), for provenance labels."""
     try:
-        repo = git.Repo(root)
+        repo = checkout_repo(root)
         source = next((redact_url(remote.url) for remote in repo.remotes if remote.name == "origin"),
                       f"file://{root}")
         revision = repo.head.commit.hexsha + ("-dirty" if repo.is_dirty() else "")
@@ -368,7 +388,7 @@ def file_origin(path: Path) -> str | None:
     """Where a file came from when it is committed in a git checkout: "REL in URL at commit SHA" (the origin
     remote's URL without credentials, else the checkout's path), for an imported patch's Origin; None otherwise."""
     try:
-        repo = git.Repo(path.parent, search_parent_directories=True)
+        repo = checkout_repo(path.parent, search_parent_directories=True)
         root = Path(repo.working_tree_dir or "")
         rel = path.absolute().relative_to(root.absolute()).as_posix()
         if not repo.git.ls_files("--error-unmatch", "--", rel):

@@ -304,7 +304,9 @@ def changed_since(stack: Stack, base: str, root: Path = REPO_ROOT) -> tuple[str,
     tree of the checkout at `root`, untracked files included: what `make check` proves, where CI proves them all."""
     import git
 
-    repo = git.Repo(root)
+    from rigstack.gitrepo import checkout_repo
+
+    repo = checkout_repo(root)
     try:
         fork = repo.merge_base("HEAD", base)[0].hexsha
     except (git.GitCommandError, IndexError):

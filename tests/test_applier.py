@@ -552,3 +552,17 @@ def test_a_full_disk_is_one_clear_line_and_changes_nothing(pristine_cpu_tree: Pa
         done = run_apply("apply", "--from", f"dir:{package}", "--patches", str(two_patches))
         assert done.returncode == 0, done.stderr
         assert read_stamp(package).patch_ids == ("0001", "0002", "0003")
+
+
+def test_a_dollar_in_the_checkout_path_is_taken_literally(cpu_package: Path, two_patches: Path, pins,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 39 item 11: GitPython expanded `$VAR` in the path, so the git dir landed elsewhere and apply failed
+    "not in a git directory"."""
+    monkeypatch.setenv("RS_ELSEWHERE", str(cpu_package.parent / "elsewhere"))
+    literal = cpu_package.parent / "$RS_ELSEWHERE" / "vllm"
+    literal.parent.mkdir()
+    cpu_package.rename(literal)
+    result = _apply(literal, two_patches, pins)
+    assert result.error is None and [p.status for p in result.patches] == ["applied", "applied"]
+    assert (state_dir_for(literal) / "git" / "HEAD").is_file() and not (cpu_package.parent / "elsewhere").exists()
+    assert patched.status(literal)["stamp_matches_history"]
