@@ -35,8 +35,11 @@ def replacing(path: Path) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-def write_atomic(path: Path, data: str | bytes) -> Path:
-    """Write all of `data` to `path` or, on any failure, leave `path` as it was."""
+def write_atomic(path: Path, data: str | bytes, private: bool = False) -> Path:
+    """Write all of `data` to `path` or, on any failure, leave `path` as it was; `private`: readable by its owner
+    alone (0600), from the first byte, for files that may hold a secret."""
     with replacing(path) as tmp:
+        if private:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
     return path

@@ -86,8 +86,10 @@ def fetch_counts(server: Server, reset: bool = False) -> Trace:
     if not results:
         raise UserError(f"{where}: no worker answered")
     if isinstance(results[0], str):
-        raise UserError(f"{where}: the worker said {results[0][:200]!r}; start the server with VLLM_EXPERT_COUNTS=1")
-    return parse_counts(results[0], where)
+        raise UserError(f"{where}: the worker said {server.endpoint.redact(results[0][:200])!r}; start the server "
+                        "with VLLM_EXPERT_COUNTS=1")
+    # What the server sent is written into the hot-set file: a credential it echoes must not be.
+    return parse_counts(server.endpoint.redact(results[0]), where)
 
 
 def send_prompts(server: Server, prompts: Sequence[str], max_tokens: int) -> int:

@@ -193,9 +193,10 @@ def redacted(result: Result, secrets: tuple[str, ...]) -> Result:
 def write_result(result: Result, out: Path, plot: Callable[[Result, Path], None] | None = None) -> list[Path]:
     """out is the stem: writes out.json, out.csv (when there are rows) and out.png (when a plot is given)."""
     written = [out.with_suffix(".json")]
-    write_atomic(written[0], json.dumps(result.model_dump(mode="json"), indent=2) + "\n")
+    # Owner-only: a result names its server and command line, which a caller may have given a credential in.
+    write_atomic(written[0], json.dumps(result.model_dump(mode="json"), indent=2) + "\n", private=True)
     if result.rows:
-        written.append(write_atomic(out.with_suffix(".csv"), rows_csv(result.rows)))
+        written.append(write_atomic(out.with_suffix(".csv"), rows_csv(result.rows), private=True))
     if plot is not None:
         with replacing(out.with_suffix(".png")) as tmp:
             plot(result, tmp)

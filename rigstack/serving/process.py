@@ -91,7 +91,9 @@ def start(argv: Sequence[str], env: dict[str, str], run_dir: Path, *, url: str, 
     log_path = run_dir / LOG_NAME
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        log = log_path.open("wb")
+        # Owner-only, as the record: an engine logs its arguments and a failing one its environment.
+        log = open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+        os.chmod(log_path, 0o600)  # a log left by an earlier run keeps its old mode through O_CREAT
     except OSError as error:
         raise _unwritable(run_dir, error, "nothing was started") from None
     with log:

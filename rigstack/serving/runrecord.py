@@ -5,17 +5,20 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from rigstack.atomic import write_atomic
 from rigstack.cache import cache_dir
+from rigstack.endpoint import REDACTED
 from rigstack.errors import UserError
 
 RECORD_NAME = "server.json"
 LOG_NAME = "server.log"
 TAIL_LINES = 40
 DEFAULT_RUN_DIR = cache_dir() / "run"
+# A variable named with one of these words holds a credential (TOKENIZERS_PARALLELISM does not: words, not text).
+_SECRET_WORDS = {"TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIALS"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,11 @@ def read_record(run_dir: Path) -> RunRecord | None:
 
 
 def write_record(run_dir: Path, record: RunRecord) -> None:
-    write_atomic(run_dir / RECORD_NAME, json.dumps(asdict(record), indent=2) + "\n")
+    """The record, owner-only, its secret-named variables (HF_TOKEN, VLLM_API_KEY, ...) blanked: nothing that reads
+    it back (stop, the probes' package lookup) needs their values."""
+    env = {name: REDACTED if _SECRET_WORDS & set(name.upper().split("_")) else value
+           for name, value in record.env.items()}
+    write_atomic(run_dir / RECORD_NAME, json.dumps(asdict(replace(record, env=env)), indent=2) + "\n", private=True)
 
 
 def log_tail(path: Path, lines: int = TAIL_LINES) -> str:

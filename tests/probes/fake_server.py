@@ -17,6 +17,8 @@ Run as its own process (the process boundary is what the probes talk across):
 --huge MB: chat and completion answers are one valid JSON body (or one stream chunk) of MB megabytes, without a
     length header; --huge-models MB does so for /v1/models.
 --hang: every POST is read and then never answered (the port stays open: a stuck server, not a down one).
+--counts: POST /collective_rpc answers patch 0014's expert count table (two layers of 8 experts), its model
+    fingerprint repeating the Authorization header under --echo-auth.
 """
 
 from __future__ import annotations
@@ -124,6 +126,12 @@ class Handler(BaseHTTPRequestHandler):
         if ARGS.hang:
             time.sleep(3600)
             return
+        if ARGS.counts and self.path == "/collective_rpc":
+            table = {"format": "rigstack-hot-experts/1", "expert_bytes": 1 << 20,
+                     "model": {"architecture": f"FakeMoe{self._echo()}", "experts": 8},
+                     "counts": {"layers.0": [40, 30, 10, 5, 5, 4, 3, 3], "layers.1": [3, 3, 4, 5, 5, 10, 30, 40]}}
+            self._json(200, {"results": [table]})
+            return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
             return
@@ -212,6 +220,7 @@ def main() -> None:
     parser.add_argument("--huge-models", type=float, default=0.0)
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--fail-every", type=int, default=0)
+    parser.add_argument("--counts", action="store_true")
     parser.parse_args(namespace=ARGS)
     STATE["ok_left"] = ARGS.ok
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

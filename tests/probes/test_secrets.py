@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,7 @@ def test_an_echoed_api_key_is_blanked_everywhere(tmp_path: Path, fake_server, co
     assert "you sent Bearer ***" in seen  # the echo was planted and reached the outputs, blanked
     assert KEY not in seen
     assert (tmp_path / "r.csv").is_file() and "***" in (tmp_path / "r.csv").read_text()
+    assert {path.stat().st_mode & 0o777 for path in tmp_path.glob("r.*")} == {0o600}  # owner-only (issue 39 item 5)
 
 
 def test_url_credentials_are_used_and_never_written(tmp_path: Path, fake_server) -> None:
@@ -58,3 +60,36 @@ def test_credentials_stay_out_of_a_connection_error() -> None:
     assert process.returncode == 1
     assert last_line(process).startswith("error: cannot reach http://127.0.0.1:9: ConnectError")
     assert PASSWORD not in process.stdout + process.stderr
+
+
+def test_an_echoed_api_key_never_reaches_the_hot_set_file(tmp_path: Path, fake_server) -> None:
+    """Issue 39 item 5: the server's count table is written into the hot-set file; an echoed key went with it."""
+    url = fake_server("--echo-auth", "--counts")
+    out = tmp_path / "hot.json"
+    process = run_script("expert_trace.py", "--url", url, "--model", "fake", "--api-key-env", "PROBE_KEY",
+                         "--cache", "2", "--out", str(out), env={**os.environ, "PROBE_KEY": KEY})
+    assert process.returncode == 0, last_line(process)
+    written = out.read_text()
+    assert json.loads(written)["model"]["architecture"] == "FakeMoe (you sent Bearer ***)"  # planted, and blanked
+    assert KEY not in written + process.stdout + process.stderr  # blanked, it stays readable by the serving user
+
+
+def test_run_records_and_logs_are_private_and_blank_secret_variables(tmp_path: Path) -> None:
+    """Issue 39 item 5: a profile's HF_TOKEN went into server.json, readable by everyone (0644)."""
+    from rigstack.serving import process as served
+    from rigstack.serving.runrecord import read_record
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "server.log").write_text("an earlier run's log\n")
+    (run_dir / "server.log").chmod(0o644)
+    started, record = served.start([sys.executable, "-c", "import time; time.sleep(60)"],
+                                   {"HF_TOKEN": "hf_planted_9a8b", "VLLM_CPU_KVCACHE_SPACE": "1"}, run_dir,
+                                   url="http://127.0.0.1:9", served_name="m", check_port=False)
+    try:
+        for name in ("server.json", "server.log"):
+            assert (run_dir / name).stat().st_mode & 0o777 == 0o600, name
+        assert "hf_planted_9a8b" not in (run_dir / "server.json").read_text()
+        assert read_record(run_dir).env == {"HF_TOKEN": "***", "VLLM_CPU_KVCACHE_SPACE": "1"}
+    finally:
+        served.stop(run_dir)
