@@ -24,6 +24,7 @@ from rigstack.errors import UserError
 from rigstack.invocation import command
 
 DEFAULT_TIMEOUT_S = 600.0
+MAX_TIMEOUT_S = 7 * 24 * 3600.0  # a week; asyncio's and httpx's clocks overflow on the huge ones
 START_HINT = f"start the server with `{command('serve --profile NAME')}`"
 # The most one answer (a whole body, or a whole stream) may hold: far above any reply of these probes (a 128k-token
 # stream is about 30 MiB), far below what would take a host's memory.
@@ -234,6 +235,9 @@ class Server:
     requests go to the gateway, the counters (summed over them), /version and /tokenize come from them."""
 
     def __init__(self, endpoint: Endpoint, timeout_s: float = DEFAULT_TIMEOUT_S, engines: tuple[str, ...] = ()) -> None:
+        if not 0 < timeout_s <= MAX_TIMEOUT_S:  # NaN fails this too
+            raise UserError(f"--timeout {timeout_s:g}: give the seconds a request may take, above 0 and at most "
+                            f"{MAX_TIMEOUT_S:g}")
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.timeout = httpx.Timeout(timeout_s, connect=min(10.0, timeout_s))
@@ -250,31 +254,28 @@ class Server:
     # -- metadata (sync) -------------------------------------------------------------------------------------
     def _fetch(self, method: str, path: str, timeout_s: float | None = None, base: str | None = None,
                **kwargs: Any) -> tuple[int, bytes]:
-        """(status, body) of one call (to `base`, default the server) that must finish within timeout_s overall; a
-        transport failure or a late answer is a UserError."""
+        """(status, body) of one call (to `base`, default the server) that must finish within timeout_s overall,
+        headers included (a server dripping its header lines held a per-read timeout forever); a transport failure
+        or a late answer is a UserError. Called outside any event loop: the probes' metadata, readiness polls."""
         limit = self.timeout_s if timeout_s is None else timeout_s
-        deadline = time.monotonic() + limit
         url = (base or self.endpoint.base) + path
-        late = UserError(f"{url}: no complete answer within {limit:g} s; is the server overloaded (raise --timeout) "
-                         "or a proxy in the way?")
-        big = UserError(f"{url}: {TOO_LARGE}; point --url at an OpenAI-compatible server")
+
+        async def call() -> tuple[int, bytes]:
+            async with asyncio.timeout(limit), \
+                    httpx.AsyncClient(timeout=httpx.Timeout(limit, connect=min(10.0, limit))) as client, \
+                    client.stream(method, url, headers=self.endpoint.headers, auth=self.endpoint.auth,
+                                  **kwargs) as response:
+                return response.status_code, await _read_body(response)
+
         try:
-            with httpx.stream(method, url, headers=self.endpoint.headers, auth=self.endpoint.auth,
-                              timeout=httpx.Timeout(limit, connect=min(10.0, limit)), **kwargs) as response:
-                if _too_large(response):
-                    raise big
-                body = bytearray()
-                for part in response.iter_bytes():
-                    body += part
-                    if time.monotonic() > deadline:
-                        raise late
-                    if len(body) > MAX_BODY_BYTES:
-                        raise big
-                return response.status_code, bytes(body)
+            return asyncio.run(call())
+        except Malformed:  # the one thing _read_body refuses: the size bound
+            raise UserError(f"{url}: {TOO_LARGE}; point --url at an OpenAI-compatible server") from None
         except _NOT_REACHED as error:
             raise _unreachable(self.endpoint.base, error) from None
-        except httpx.TimeoutException:  # the port answered, then nothing came within the limit: it timed out
-            raise late from None
+        except (TimeoutError, httpx.TimeoutException):  # the port answered, then no whole answer within the limit
+            raise UserError(f"{url}: no complete answer within {limit:g} s; is the server overloaded (raise "
+                            "--timeout) or a proxy in the way?") from None
         except httpx.TransportError as error:
             raise _unreachable(self.endpoint.base, error) from None
 

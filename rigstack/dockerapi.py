@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Iterable, Iterator
+import os
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 
 import docker
@@ -12,14 +14,44 @@ import docker.errors
 from rigstack.errors import UserError
 
 
+# The SDK's timeout is per read: a DOCKER_HOST that drips its answer a byte at a time held `image verify` forever.
+CONNECT_DEADLINE_S = 15.0
+
+
 def connect() -> docker.DockerClient:
     try:
-        client = docker.from_env(timeout=600)
-        client.ping()
+        return _within(CONNECT_DEADLINE_S, _connected)
     except docker.errors.DockerException as error:
         raise UserError(f"no docker daemon is reachable ({str(error).splitlines()[0][:120]}); start one with "
                         "`dockerd > /var/log/dockerd.log 2>&1 &` (or `systemctl start docker`)") from None
+
+
+def _connected() -> docker.DockerClient:
+    client = docker.from_env(timeout=600)  # asks the daemon its API version first
+    client.ping()
     return client
+
+
+def _within(seconds: float, call: Callable[[], docker.DockerClient]) -> docker.DockerClient:
+    """call(), whole, within `seconds`; one still reading then is left to the exiting process."""
+    outcome: list[docker.DockerClient | BaseException] = []
+
+    def run() -> None:
+        try:
+            outcome.append(call())
+        except BaseException as error:  # handed to the caller's thread
+            outcome.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(seconds)
+    if not outcome:
+        where = os.environ.get("DOCKER_HOST") or "the default socket"
+        raise UserError(f"the docker daemon at {where} did not answer within {seconds:g} s; check DOCKER_HOST and "
+                        "that dockerd is not hung (`docker info`)")
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def local_image(client: docker.DockerClient, ref: str, fix: str | None = None):  # noqa: ANN201 - an Image

@@ -25,6 +25,7 @@ from rigstack.offload_model import OffloadRig, cache_experts_for_budget, decode_
 
 FORMAT = "rigstack-hot-experts/1"  # the patch's HOT_SET_FORMAT
 RPC_METHOD = "expert_offload_counts"
+MAX_BUDGET_GIB = 1 << 20  # 1 PiB: far above any device, and below where GiB in bytes stops being a finite float
 TOP_FRACTION = 0.35  # seed 000: "the hottest 35% of the experts take 74% of the picks"
 
 
@@ -75,8 +76,19 @@ def parse_counts(payload: Any, where: str) -> Trace:
     if (not isinstance(payload, dict) or payload.get("format") != FORMAT or not isinstance(payload.get("counts"), dict)
             or not isinstance(payload.get("model"), dict) or not isinstance(payload.get("expert_bytes"), int)):
         raise UserError(f"{where}: the answer is not a {FORMAT} count table; is the stack's patch 0014 applied?")
-    counts = {name: tuple(int(c) for c in values) for name, values in payload["counts"].items()}
-    return Trace(payload["model"], payload["expert_bytes"], counts)
+    counts = payload["counts"]
+    if not counts or not all(isinstance(values, list) and values and all(_count(c) for c in values)
+                             for values in counts.values()):
+        raise UserError(f"{where}: the count table's layers are not lists of pick counts (whole numbers, 0 or more); "
+                        "is the stack's patch 0014 applied?")
+    if payload["expert_bytes"] <= 0:
+        raise UserError(f"{where}: the count table gives {payload['expert_bytes']} bytes an expert; is the stack's "
+                        "patch 0014 applied?")
+    return Trace(payload["model"], payload["expert_bytes"], {name: tuple(values) for name, values in counts.items()})
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def fetch_counts(server: Server, reset: bool = False) -> Trace:
@@ -129,6 +141,7 @@ def cache_for(trace: Trace, cache: int | None, budget_gib: float | None) -> int:
     if (cache is None) == (budget_gib is None):
         raise UserError("give exactly one of --cache (hot experts a layer) or --budget-gib (device GiB for the "
                         "caches of all layers)")
+    check_budget(budget_gib)
     if cache is None:
         rig = OffloadRig(layers=len(trace.counts), experts_per_layer=experts, top_k=1,
                          expert_bytes=trace.expert_bytes, link_gb_s=1.0)
@@ -137,6 +150,12 @@ def cache_for(trace: Trace, cache: int | None, budget_gib: float | None) -> int:
         raise UserError(f"a cache of {cache} experts a layer: the layers have {experts} experts; choose 1 to "
                         f"{experts - 1} (all of them on the device needs no offload)")
     return cache
+
+
+def check_budget(budget_gib: float | None) -> None:
+    if budget_gib is not None and not 0 < budget_gib <= MAX_BUDGET_GIB:  # NaN fails this too
+        raise UserError(f"--budget-gib {budget_gib}: give the device GiB for the caches, above 0 and at most "
+                        f"{MAX_BUDGET_GIB:,}")
 
 
 def plan(trace: Trace, cache: int) -> HotSetPlan:
@@ -165,7 +184,11 @@ def predicted_tok_s(trace: Trace, hit: float, top_k: int, link_gb_s: float, comp
 def write_hot_sets(path: Path, trace: Trace, hot_plan: HotSetPlan) -> None:
     """The hot-set file VLLM_EXPERT_OFFLOAD reads, written whole or not at all."""
     data = {"format": FORMAT, "model": trace.model, "cache": hot_plan.cache, "layers": hot_plan.hot}
-    write_atomic(path, json.dumps(data, indent=1))
+    try:
+        write_atomic(path, json.dumps(data, indent=1))
+    except OSError as error:
+        raise UserError(f"cannot write the hot-set file {path} ({error.strerror}); give --out a path you can write "
+                        "(the server keeps its counts unless --reset was given)") from None
 
 
 @dataclass(frozen=True)
@@ -185,6 +208,7 @@ class TraceReport:
 def collect(server: Server, cache: int | None, budget_gib: float | None, prompts: Sequence[str], max_tokens: int,
             reset: bool, top_k: int | None, link_gb_s: float | None, compute_ms: float) -> TraceReport:
     """Collect the server's counts (after sending `prompts`) and choose each layer's hot set."""
+    check_budget(budget_gib)  # before anything is sent
     server.check_model()
     made = send_prompts(server, prompts, max_tokens) if prompts else 0
     trace = fetch_counts(server, reset=reset)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +50,7 @@ def _sha(data: bytes) -> str:
 
 def _cli(*args: str, env: dict[str, str] | None = None, cwd: Path = REPO_ROOT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "rigstack.images", *args], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "COLUMNS": "1000", **(env or {})})
+                          env={**os.environ, "COLUMNS": "1000", **(env or {})}, timeout=300)
 
 
 # --- no daemon needed ----------------------------------------------------------------------------------------------
@@ -73,6 +76,31 @@ def test_daemon_not_running_is_one_line_with_the_fix(tmp_path: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert "no docker daemon is reachable" in lines[0] and "dockerd" in lines[0]
+
+
+def test_a_daemon_dripping_its_answer_is_one_line_within_the_deadline() -> None:
+    """Issue 39 item 6: a DOCKER_HOST that answers a header byte at a time held `image verify` forever."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def drip() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.sendall(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+            while not stop.wait(0.3):
+                connection.sendall(b"a")
+
+    threading.Thread(target=drip, daemon=True).start()
+    started = time.monotonic()
+    try:
+        done = _cli("verify-image", TAG, env={"DOCKER_HOST": f"tcp://127.0.0.1:{listener.getsockname()[1]}"})
+    finally:
+        stop.set()
+        listener.close()
+    took = time.monotonic() - started
+    assert done.returncode == 1 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "did not answer within 15 s; check DOCKER_HOST" in done.stderr
+    assert took < 15 + 30  # the deadline, plus the CLI's start on a loaded machine
 
 
 def test_unknown_profile_is_refused_before_docker() -> None:

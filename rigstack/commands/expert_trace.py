@@ -15,11 +15,13 @@ from rigstack.client import Server
 from rigstack.endpoint import Endpoint, api_key_from_env
 from rigstack.cli import console
 from rigstack.errors import UserError
+from rigstack.files import read_utf8
 from rigstack.output.expert_trace import show_trace
 from rigstack.probes.cli import ApiKeyEnv, Model, Timeout, Url
 from rigstack.profiles import load_profile
 
 app = typer.Typer(add_completion=False, no_args_is_help=True)
+PROMPTS_LIMIT = 16 << 20  # far more prompts than a trace sends; a /dev/zero is refused at this bound
 
 
 @app.command()
@@ -49,7 +51,11 @@ def main(
         out = out or Path(offload.hot_set)
         if cache is None and budget_gib is None:
             cache = offload.hot_experts_per_layer
-    lines = [] if prompts is None else [line for line in prompts.read_text().splitlines() if line.strip()]
+    if out is not None and out.is_dir():
+        raise UserError(f"--out {out} is a folder; give the hot-set file's path (e.g. {out / 'hot-experts.json'})")
+    lines = [] if prompts is None else [line for line in read_utf8(prompts, "prompt file", PROMPTS_LIMIT,
+                                                                   "give a text file, one prompt a line").splitlines()
+                                        if line.strip()]
     server = Server(Endpoint(url, model, api_key_from_env(api_key_env)), timeout)
     report = expert_trace.collect(server, cache, budget_gib, lines, max_tokens, reset, top_k, link_gb_s, compute_ms)
     show_trace(report)

@@ -17,8 +17,10 @@ Run as its own process (the process boundary is what the probes talk across):
 --huge MB: chat and completion answers are one valid JSON body (or one stream chunk) of MB megabytes, without a
     length header; --huge-models MB does so for /v1/models.
 --hang: every POST is read and then never answered (the port stays open: a stuck server, not a down one).
+--drip-headers S: every request is answered with a status line, then a header byte every S seconds, never ending
+    (each read gets a byte in time, so only a deadline over the whole request ends it).
 --counts: POST /collective_rpc answers patch 0014's expert count table (two layers of 8 experts), its model
-    fingerprint repeating the Authorization header under --echo-auth.
+    fingerprint repeating the Authorization header under --echo-auth; --table JSON answers JSON as the table.
 """
 
 from __future__ import annotations
@@ -81,6 +83,13 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
             time.sleep(seconds)
 
+    def _drip_headers(self, seconds: float) -> None:
+        self.wfile.write(b"HTTP/1.1 200 OK\r\nX-Slow: ")
+        while True:
+            self.wfile.write(b"a")
+            self.wfile.flush()
+            time.sleep(seconds)
+
     def _huge(self, megabytes: float, stream: bool) -> None:
         """A valid answer of `megabytes`, close-delimited (HTTP/1.0: no Content-Length), sent as fast as it goes."""
         self.send_response(200)
@@ -102,7 +111,9 @@ class Handler(BaseHTTPRequestHandler):
             pass  # the client stopped reading at its bound: what the tests want
 
     def do_GET(self) -> None:
-        if self.path == "/health":
+        if ARGS.drip_headers:
+            self._drip_headers(ARGS.drip_headers)
+        elif self.path == "/health":
             self._json(200, {})
         elif self.path == "/v1/models":
             if ARGS.drip_models:
@@ -126,11 +137,14 @@ class Handler(BaseHTTPRequestHandler):
         if ARGS.hang:
             time.sleep(3600)
             return
+        if ARGS.drip_headers:
+            self._drip_headers(ARGS.drip_headers)
+            return
         if ARGS.counts and self.path == "/collective_rpc":
             table = {"format": "rigstack-hot-experts/1", "expert_bytes": 1 << 20,
                      "model": {"architecture": f"FakeMoe{self._echo()}", "experts": 8},
                      "counts": {"layers.0": [40, 30, 10, 5, 5, 4, 3, 3], "layers.1": [3, 3, 4, 5, 5, 10, 30, 40]}}
-            self._json(200, {"results": [table]})
+            self._json(200, {"results": [json.loads(ARGS.table) if ARGS.table else table]})
             return
         if self.path not in ("/v1/completions", "/v1/chat/completions"):
             self._json(404, {"error": {"message": "not found"}})
@@ -221,6 +235,8 @@ def main() -> None:
     parser.add_argument("--hang", action="store_true")
     parser.add_argument("--fail-every", type=int, default=0)
     parser.add_argument("--counts", action="store_true")
+    parser.add_argument("--table")
+    parser.add_argument("--drip-headers", type=float, default=0.0)
     parser.parse_args(namespace=ARGS)
     STATE["ok_left"] = ARGS.ok
     server = ThreadingHTTPServer(("127.0.0.1", ARGS.port), Handler)

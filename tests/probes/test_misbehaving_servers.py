@@ -158,6 +158,17 @@ def test_a_dripping_model_list(tmp_path: Path, fake_server) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_a_server_dripping_its_headers_meets_the_deadline(tmp_path: Path, fake_server) -> None:
+    """Issue 39 item 6: a header line a byte at a time defeated --timeout on /v1/models (bench still hung at 60 s)."""
+    started = time.monotonic()
+    process = _probe("bench", fake_server("--drip-headers", "0.3"), tmp_path, "--timeout", "1.5", timeout=60)
+    took = time.monotonic() - started
+    assert process.returncode == 1
+    assert _one_clean_line(process).endswith("/v1/models: no complete answer within 1.5 s; is the server "
+                                             "overloaded (raise --timeout) or a proxy in the way?")
+    assert took < 1.5 + 30  # the one call stopped at its deadline (+ start-up on a loaded machine)
+
+
 # -- issue 28 item 18: a huge answer is cut at the bound, within the deadline; qual's failures exit non-zero -------
 @pytest.mark.parametrize("name", ["bench", "conc", "qual", "probe_bang"])
 def test_a_huge_answer_is_cut_at_the_bound(tmp_path: Path, fake_server, name: str) -> None:
