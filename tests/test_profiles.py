@@ -221,6 +221,11 @@ def test_deep_nesting_is_refused_with_its_line(tmp_path: Path) -> None:
     ("vllm:\n  max-num-seqs: 1.0e+400\n", ":3: vllm.max-num-seqs: inf is not a finite number"),
     ("vllm:\n  max-num-seqs: 1e400\n", ":3: vllm.max-num-seqs: 1e400 is not a finite number"),  # text to YAML
     ("vllm:\n  kernel-config: {scale: -.inf}\n", ":3: vllm.kernel-config.scale: -inf is not a finite number"),
+    # issue 39 item 12: 0 divided by zero in the planner, -5 passed kv-room, "1e20" crashed int() in the planner
+    ("vllm:\n  max-model-len: 0\n", ":3: vllm.max-model-len: 0 is not a whole number of at least 1; write it out"),
+    ("vllm:\n  max-model-len: -5\n", ":3: vllm.max-model-len: -5 is not a whole number of at least 1"),
+    ("vllm:\n  max-model-len: 1e20\n", ":3: vllm.max-model-len: '1e20' is not a whole number of at least 1"),
+    ("vllm:\n  max-num-seqs: true\n", ":3: vllm.max-num-seqs: True is not a whole number of at least 1"),
     ("kv:\n  layers: " + "9" * 30 + "\n", ":3: kv.layers: a 30-digit number is out of range"),
     ("kv:\n  layers: " + "9" * 5000 + "\n", ": a value cannot be read (Exceeds the limit (4300 digits)"),
     ("health_timeout_s: 99999999999\n", ":2: health_timeout_s: Input should be less than or equal to 604800"),

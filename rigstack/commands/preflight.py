@@ -93,9 +93,10 @@ def plan(
     json_out: bool = typer.Option(False, "--json", help="the plan as JSON on stdout"),
 ) -> None:
     """Plan the KV pool vLLM will size for a profile, per stage, with vLLM's own code; exit 2 if it would refuse."""
-    from rigstack.output.planner import show_plan
+    from rigstack.output.planner import check_chart_path, show_plan
     from rigstack.planner import default_png, plan_dict
 
+    check_chart_path(png or default_png(profile))
     result = plan_dict(profile, pp=pp, tp=tp, partition=partition, util=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, model=str(model) if model else None, search_partition=search)
     show_plan(result, png or default_png(profile), json_out)

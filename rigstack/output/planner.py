@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from rigstack.atomic import replacing
+from rigstack.errors import UserError
 from rigstack.planner.core import Reserve
 
 
@@ -160,6 +161,18 @@ def text(plan: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_chart_path(path: Path) -> None:
+    """Before the plan is computed: a chart format matplotlib writes, and a file path rather than a folder."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    formats = FigureCanvasAgg.get_supported_filetypes()
+    if path.is_dir():
+        raise UserError(f"--png {path} is a folder; give the chart's file path (e.g. {path / 'plan.png'})")
+    if path.suffix.lstrip(".").lower() not in formats:
+        raise UserError(f"--png {path}: matplotlib writes no {path.suffix or 'suffix-less'} chart; end the name in "
+                        f"one of {', '.join('.' + name for name in sorted(formats))}")
+
+
 def write_png(plan: dict[str, Any], path: Path) -> Path:
     """One stacked bar per stage; written to a temporary file and moved into place."""
     import matplotlib
@@ -189,7 +202,12 @@ def write_png(plan: dict[str, Any], path: Path) -> Path:
     axes.set_xlabel("pipeline stage")
     axes.legend(fontsize=7, loc="lower right")
     figure.tight_layout()
-    with replacing(path) as scratch:
-        figure.savefig(scratch, dpi=110)
-    plt.close(figure)
+    try:
+        with replacing(path) as scratch:
+            figure.savefig(scratch, dpi=110)
+    except OSError as error:
+        raise UserError(f"cannot write the chart {path} ({error.strerror}); give --png a path you can write") \
+            from None
+    finally:
+        plt.close(figure)
     return path

@@ -194,10 +194,14 @@ class Target:
         return self.profile.flavour == "cpu"
 
 
-def _layout(request: Request, layers: int) -> tuple[int, int, list[int]]:
+def _layout(request: Request, layers: int, heads: int) -> tuple[int, int, list[int]]:
     profile = request.profile
     pp = request.pp or profile.parallel.pp
     tp = request.tp or profile.parallel.tp
+    if heads % tp:  # vLLM's ModelConfig.verify_with_parallel_config refuses the boot the same way
+        divisors = [n for n in range(1, min(heads, 64) + 1) if heads % n == 0]
+        raise UserError(f"TP{tp} does not divide the model's {heads} attention heads (vLLM refuses it); give --tp "
+                        f"one of {', '.join(map(str, divisors))}")
     given = request.partition or (profile.parallel.partition if pp == profile.parallel.pp else None)
     if given is None and pp > layers:
         raise UserError(f"PP{pp} has more stages than the model's {layers} layers; give --pp {layers} or fewer")
@@ -211,7 +215,7 @@ def resolve(request: Request) -> Target:
     folder = request.model or model_dir(profile.model, build=False)
     config, architecture = load_config(profile, folder)
     text = text_config(config)
-    pp, tp, partition = _layout(request, text.num_hidden_layers)
+    pp, tp, partition = _layout(request, text.num_hidden_layers, text.num_attention_heads)
     util = request.util if request.util is not None else float(_flag(profile, "gpu-memory-utilization", DEFAULT_UTIL))
     if not 0 < util <= 1:
         raise UserError(f"--util {util:g} is outside (0, 1]; vLLM takes gpu-memory-utilization as a fraction")

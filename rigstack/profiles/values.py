@@ -118,6 +118,12 @@ def env_names(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+# Flags that size the KV pool and the batch: the planner and preflight's kv-room compute with them, so each is a
+# whole number of at least 1 here (vLLM also takes "32k" and, for max-model-len, -1 or "auto": a length it picks
+# at boot, which nothing can check before it).
+COUNT_FLAGS = ("max-model-len", "max-num-seqs", "max-num-batched-tokens", "block-size")
+
+
 def plain_flags(value: dict[str, Any]) -> dict[str, Any]:
     for key, item in value.items():
         if not isinstance(key, str) or not _FLAG.fullmatch(key):
@@ -140,4 +146,8 @@ def plain_flags(value: dict[str, Any]) -> dict[str, Any]:
                                  "flag of its own; set each flag under its own key")
             if isinstance(word, str) and _non_finite(word):  # YAML reads 1e400 as text; vLLM as a number
                 raise ValueError(f"{key!r}: {word} is not a finite number")
+        if key in COUNT_FLAGS and item is not None and (isinstance(item, bool) or not isinstance(item, int)
+                                                        or item < 1):
+            raise ValueError(f"{key!r}: {item!r} is not a whole number of at least 1; write it out (32768, not "
+                             "32k; rigstack plans and checks the KV room at a length it knows, so not auto or -1)")
     return {key: item for key, item in value.items() if item is not None}
