@@ -7,7 +7,7 @@ import base64
 import os
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import SplitResult, unquote, urlsplit, urlunsplit
 
 from rigstack.errors import UserError
 
@@ -28,7 +28,7 @@ class Endpoint:
     auth: tuple[str, str] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        parts = urlsplit(self.url)
+        parts = _checked_url(self.url)
         if "@" in parts.netloc:
             userinfo, _, host = parts.netloc.rpartition("@")
             user, _, password = userinfo.partition(":")
@@ -61,6 +61,22 @@ class Endpoint:
     def redact(self, value: Any) -> Any:
         """value (text, or lists/dicts of it) with every secret replaced by ***."""
         return redact(value, self.secrets)
+
+
+def _checked_url(url: str) -> SplitResult:
+    """An http(s) URL with a host, or one line saying what is wrong with it (the credentials never shown)."""
+    shown = repr(url if "@" not in url else url.rpartition("@")[2])
+    if any(ord(char) < 32 or ord(char) == 127 or char.isspace() for char in url):
+        raise UserError(f"--url {shown} holds a space or a control character; give the server's URL alone, like "
+                        "http://127.0.0.1:8000/v1")
+    try:
+        parts = urlsplit(url)
+        host, _ = parts.hostname, parts.port  # both parse the address: a bad IPv6 bracket or port raises here
+    except ValueError as error:
+        raise UserError(f"--url {shown} is not a URL ({error}); give one like http://127.0.0.1:8000/v1") from None
+    if parts.scheme not in ("http", "https") or not host:
+        raise UserError(f"--url {shown}: give an http:// or https:// URL with a host, like http://127.0.0.1:8000/v1")
+    return parts
 
 
 def redact(value: Any, secrets: tuple[str, ...]) -> Any:

@@ -212,6 +212,17 @@ def test_stop_leaves_a_recycled_pid_alone(tmp_path: Path) -> None:
     assert process.stop(tmp_path) is False
 
 
+@pytest.mark.parametrize("field, value", [("pid", "123"), ("pgid", "123"), ("start_ticks", True), ("argv", "x"),
+                                          ("env", {"A": 1})])
+def test_a_record_of_the_wrong_types_is_refused_by_name(tmp_path: Path, field: str, value: object) -> None:
+    """Issue 39 item 12: a record whose pid or pgid is a numeric string crashed stop (os.kill got text)."""
+    record = {"pid": 1 << 22, "pgid": 1 << 22, "start_ticks": 1, "argv": ["x"], "env": {}, "log": "log",
+              "url": "http://127.0.0.1:1", "served_name": "tiny", field: value}
+    (tmp_path / runrecord.RECORD_NAME).write_text(json.dumps(record))
+    with pytest.raises(UserError, match=r"unreadable run record; remove it .* after checking no server"):
+        process.stop(tmp_path)
+
+
 def test_stop_never_signals_its_own_group_or_group_zero(tmp_path: Path) -> None:
     """Issue 39 item 2: a record with pgid 0 made `stop` SIGTERM its own process group (the caller died silently)."""
     for pgid in (0, 1, "own"):

@@ -29,11 +29,13 @@ from rigstack.atomic import replacing, write_atomic
 from rigstack.client import Server
 from rigstack.endpoint import Endpoint, redact
 from rigstack.errors import UserError
+from rigstack.files import read_regular
 from rigstack.serving.process import running
 from rigstack.serving.runrecord import DEFAULT_RUN_DIR, RECORD_NAME, RunRecord
 from rigstack.stamp import Stamp, read_stamp
 
 SCHEMA_VERSION = 1
+RESULT_LIMIT = 256 << 20  # a sweep's result is a few MB; far below what would take a host's memory
 LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "0.0.0.0"}
 
 
@@ -206,9 +208,10 @@ def write_result(result: Result, out: Path, plot: Callable[[Result, Path], None]
 
 def load_result(path: Path) -> Result:
     """A result file, or a one-line UserError saying what is wrong with it."""
-    if not path.is_file():
+    if not path.exists():
         raise UserError(f"{path}: no such result file; run a probe with --out {path.with_suffix('')}")
-    text = path.read_text(errors="replace")
+    # A regular file of bounded size: a FIFO or /dev/zero given by mistake must not hold the command forever.
+    text = read_regular(path, "result file", RESULT_LIMIT, "pass a .json file a probe wrote").decode(errors="replace")
     if not text.strip():
         raise UserError(f"{path}: empty file; rerun the probe that writes it")
     try:
@@ -216,6 +219,8 @@ def load_result(path: Path) -> Result:
     except json.JSONDecodeError as error:
         raise UserError(f"{path}: not JSON ({error.msg} at line {error.lineno}); rerun the probe that writes it") \
             from None
+    except RecursionError:  # nesting no probe writes, past what Python's parser can descend
+        raise UserError(f"{path}: JSON nested too deep to be a probe result; pass a file a probe wrote") from None
     if not isinstance(raw, dict) or "schema_version" not in raw:
         raise UserError(f"{path}: not a rigstack probe result (no schema_version); pass a file a probe wrote")
     if raw["schema_version"] != SCHEMA_VERSION:

@@ -43,10 +43,25 @@ def read_record(run_dir: Path) -> RunRecord | None:
     if not path.is_file():
         return None
     try:
-        return RunRecord(**json.loads(path.read_text()))
-    except (ValueError, TypeError):
+        record = RunRecord(**json.loads(path.read_text()))
+    except (ValueError, TypeError, RecursionError):
+        record = None
+    if record is None or not _well_typed(record):  # an edited "pid": "123" would reach os.kill as text
         raise UserError(f"{path}: unreadable run record; remove it (`rm {path}`) after checking no server "
-                        "from it still runs") from None
+                        "from it still runs")
+    return record
+
+
+def _well_typed(record: RunRecord) -> bool:
+    def whole(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    return (whole(record.pid) and whole(record.pgid) and whole(record.start_ticks)
+            and isinstance(record.argv, list) and all(isinstance(arg, str) for arg in record.argv)
+            and isinstance(record.env, dict) and all(isinstance(v, str) for v in record.env.values())
+            and all(isinstance(text, str) for text in (record.log, record.url, record.served_name))
+            and isinstance(record.container, (str, type(None))) and isinstance(record.profile, (str, type(None)))
+            and isinstance(record.started_at, (int, float)) and not isinstance(record.started_at, bool))
 
 
 def write_record(run_dir: Path, record: RunRecord) -> None:

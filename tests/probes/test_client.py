@@ -27,6 +27,20 @@ def test_unreachable_url_is_one_line(tmp_path: Path, command: tuple[str, ...]) -
     assert not list(tmp_path.iterdir())  # nothing half-written
 
 
+@pytest.mark.parametrize(("url", "expected"), [
+    ("http://[::1", "--url 'http://[::1' is not a URL (Invalid IPv6 URL)"),
+    ("http://127.0.0.1:8000\n/v1", "holds a space or a control character; give the server's URL alone"),
+    ("http://127.0.0.1:99999/v1", "is not a URL (Port out of range 0-65535)"),
+    ("ftp://127.0.0.1/v1", "give an http:// or https:// URL with a host"),  # was told to "start the server"
+    ("http://alice:pw-planted@[::1/v1", "--url '[::1/v1' is not a URL"),  # the credentials never shown
+])
+def test_a_url_that_is_no_http_url_is_one_line(tmp_path: Path, url: str, expected: str) -> None:
+    """Issue 39 item 12 and its Low list: these were `bug:` crashes (ValueError, InvalidURL) or the wrong fix."""
+    process = run_script("bench.py", "--url", url, "--model", "tiny", "--out", str(tmp_path / "r"), cwd=tmp_path)
+    assert process.returncode == 1 and last_line(process).startswith("error: ") and expected in last_line(process)
+    assert "pw-planted" not in process.stderr and not list(tmp_path.iterdir())
+
+
 def test_api_key_comes_from_env_and_is_never_written(tmp_path: Path, fake_server) -> None:
     url = fake_server()
     env = {**os.environ, "PROBE_TEST_KEY": "sekrit-123"}

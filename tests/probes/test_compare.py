@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,7 @@ def test_cli_exit_codes_and_messages(tmp_path: Path) -> None:
     ('{"hello": 1}', "not a rigstack probe result (no schema_version)"),
     ('{"schema_version": 99}', "result schema 99, this tool reads 1"),
     ('{"schema_version": 1, "kind": "bench"}', "malformed result (provenance: Field required)"),
+    ("[" * 100_000 + "]" * 100_000, "JSON nested too deep to be a probe result"),  # issue 39 item 12: a bug: crash
 ])
 def test_bad_files_are_one_line_errors(tmp_path: Path, content: str, message: str) -> None:
     good = _write(tmp_path, "good")
@@ -101,3 +103,14 @@ def test_a_metric_that_is_no_finite_number_is_an_error_not_a_pass(tmp_path: Path
     process = run_script("compare.py", str(good), str(bad))
     assert process.returncode == 1, process.stdout
     assert "metric c1.aggregate_tok_s is" in last_line(process) and "not a finite number" in last_line(process)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_a_result_path_that_is_no_file_is_refused_not_read(tmp_path: Path, kind: str) -> None:
+    """Issue 39 item 12: a FIFO given as a result blocked compare forever."""
+    good = _write(tmp_path, "good")
+    bad = tmp_path / "bad.json"
+    os.mkfifo(bad) if kind == "fifo" else bad.mkdir()
+    process = run_script("compare.py", str(good), str(bad), timeout=60)
+    assert process.returncode == 1 and last_line(process).startswith(f"error: result file {bad}: ")
+    assert "not a regular file; pass a .json file a probe wrote" in last_line(process)
