@@ -46,6 +46,16 @@ def _prog_name() -> str:
     return f"python -m {spec.name.removesuffix('.__main__')}" if spec is not None else Path(sys.argv[0]).name
 
 
+def _refuse_another_checkout() -> None:
+    from rigstack.versions import refuse_another_checkout
+
+    try:
+        cwd = Path.cwd()
+    except OSError:  # the folder was removed under the shell: nothing to confuse it with
+        return
+    refuse_another_checkout(cwd)
+
+
 def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     """Run a typer app and turn every failure into an exit code; entry points call only this."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -53,6 +63,7 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     args = [arg for arg in args if arg != "--debug"]
     try:
+        _refuse_another_checkout()
         result = app(args=args, standalone_mode=False, prog_name=_prog_name())
     except UserError as error:
         if debug:

@@ -15,6 +15,8 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 VERSIONS_FILE = REPO_ROOT / "versions.env"
 
 FLAVOURS = ("gpu", "cpu")
+# What makes a folder a rigstack checkout (the one REPO_ROOT names, or a clone beside it).
+_CHECKOUT_MARKS = ("versions.env", "apply.py", "rigstack/__init__.py")
 TWIN = "twin"  # VLLM_CPU_WHEEL's value when the CPU flavour is built from the sdist
 # vcs-versioning writes `__version__ = version = '0.32.0'`; older setuptools-scm only `__version__ = '...'`.
 _VERSION_LINE = re.compile(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)")
@@ -111,3 +113,22 @@ def package_version(version_py: str) -> str | None:
 def release_of(version: str) -> str:
     """The release both flavours' wheels are cut from: "0.32.0+cpu" -> "0.32.0"."""
     return version.split("+", 1)[0]
+
+
+def checkout_of(folder: Path) -> Path | None:
+    """The rigstack checkout holding `folder`, if any."""
+    for candidate in (folder, *folder.parents):
+        if all((candidate / mark).is_file() for mark in _CHECKOUT_MARKS):
+            return candidate
+    return None
+
+
+def refuse_another_checkout(cwd: Path) -> None:
+    """Commands act on REPO_ROOT (the checkout whose rigstack is imported: a venv's editable install names one).
+    Run from inside a different checkout, they would read that one's patches/ and versions.env no more than they
+    would write them: `port --write` would rewrite the first checkout's stack. Refused, naming both."""
+    other = checkout_of(cwd)
+    if other is not None and other.resolve() != REPO_ROOT:
+        raise UserError(f"this rigstack acts on the checkout at {REPO_ROOT}, but you are inside another one, {other}; "
+                        f"run that checkout's own (`cd {other} && make apply`, then its .venv/bin/rigstack, or "
+                        f"`python {other}/apply.py`), or run this one from outside {other}")

@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from rigstack import cli, invocation, main
+from rigstack.versions import REPO_ROOT
 
 
 @pytest.mark.parametrize(("argv0", "expected"), [
@@ -35,3 +36,23 @@ def test_each_subcommand_is_its_entry_point_and_a_rerun_keeps_the_form(monkeypat
     monkeypatch.setattr(sys, "argv", ["/x/bin/rigstack"])
     monkeypatch.delenv(invocation.ENV)
     assert invocation.rerun_env() == {invocation.ENV: "rigstack"}
+
+
+def test_a_command_run_inside_another_checkout_is_refused_naming_both(tmp_path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    """Issue 39 item 8: the tool venv's rigstack (an editable install of one checkout), run inside a second clone,
+    read and would have written the first one's patches/ and versions.env."""
+    other = tmp_path / "clone"
+    (other / "rigstack").mkdir(parents=True)
+    for mark in ("versions.env", "apply.py", "rigstack/__init__.py"):
+        (other / mark).touch()
+    (other / "patches").mkdir()
+    monkeypatch.setattr(sys, "argv", ["/x/.venv/bin/rigstack"])
+    monkeypatch.chdir(other / "patches")
+    assert cli.run(main.app, ["port", "--to", "0.34.0", "--report-only"]) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"error: this rigstack acts on the checkout at {REPO_ROOT}, but you are inside another "
+                            f"one, {other}; run that checkout's own") and "\n" not in error
+    monkeypatch.chdir(tmp_path)  # outside any checkout: runs as before
+    assert cli.run(main.app, ["serve", "--profile", "nope.yaml", "--dry-run"]) == 1
+    assert "profile file nope.yaml not found" in capsys.readouterr().err
