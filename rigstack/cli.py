@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import json
 import os
 import sys
 import tempfile
@@ -70,6 +71,8 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
             console.print_exception()
         # soft_wrap: the message stays one line however narrow the terminal, so it can be grepped and pasted.
         console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)  # it quotes user values
+        if "--json" in args:  # a script reading stdout gets the failure there too, not an empty stream
+            print(json.dumps({"error": str(error), "exit_code": error.exit_code}))
         return error.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
@@ -56,3 +57,12 @@ def test_a_command_run_inside_another_checkout_is_refused_naming_both(tmp_path, 
     monkeypatch.chdir(tmp_path)  # outside any checkout: runs as before
     assert cli.run(main.app, ["serve", "--profile", "nope.yaml", "--dry-run"]) == 1
     assert "profile file nope.yaml not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["preflight", "--profile", "nope", "--json"],
+                                  ["plan", "--profile", "nope", "--json"], ["status", "--json", "/nonexistent/vllm"]])
+def test_a_failed_json_command_says_so_on_stdout_too(argv: list[str], capsys: pytest.CaptureFixture) -> None:
+    """Issue 39: `preflight --json` that failed printed nothing on stdout, where the script reading it looks."""
+    code = cli.run(main.app, argv)
+    out, err = capsys.readouterr()
+    assert code != 0 and json.loads(out) == {"error": err.strip().removeprefix("error: "), "exit_code": code}
