@@ -5,6 +5,7 @@ engine clock, 5 ms a step, and either streams at that pace or holds everything a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,25 @@ def test_bench_refuses_a_burst_and_gives_the_servers_rate(tmp_path: Path, fake_s
     assert "the server's own TTFT is" in shown
 
 
+def test_bench_shows_a_row_per_workload_and_a_note_per_cause(tmp_path: Path, fake_server) -> None:
+    """Issue 39 (what users read): five workloads were 25 metric rows and 10 notes; now five rows, client and
+    server figures side by side, and the burst notes folded to one line per cause naming every workload."""
+    out = tmp_path / "b"
+    process = run_script("bench.py", "--url", _engine(fake_server, "--burst"), "--model", "fake", "--out", str(out),
+                         "--fixed", "none", "--max-tokens", str(TOKENS), env={**os.environ, "COLUMNS": "200"})
+    assert process.returncode == 0, process.stderr
+    rows = [line.split("│")[1].strip() for line in process.stderr.splitlines() if line.startswith("│")]
+    assert rows == ["code", "json", "counting", "math", "prose"]
+    header = next(line for line in process.stderr.splitlines() if line.startswith("┃"))
+    assert [cell.strip() for cell in header.split("┃")[1:-1]] == [
+        "workload", "decode_tok_s", "server_decode_tok_s", "ms_per_step", "ttft_ms", "failed"]
+    notes = [line for line in process.stderr.splitlines() if line.startswith("note: ")]
+    assert sum("decode tok/s not measured on the client: the stream arrived in bursts" in note for note in notes) == 1
+    assert "note: code, json, counting, math, prose: TTFT not measured on the client: the stream arrived in " \
+           "bursts: median gap between chunks N ms" in process.stderr
+    assert len(json.loads(out.with_suffix(".json").read_text())["notes"]) > len(notes)  # the file keeps each one
+
+
 def test_conc_refuses_a_burst(tmp_path: Path, fake_server) -> None:
     result, shown = _run("conc.py", _engine(fake_server, "--burst"), tmp_path / "c", "--levels", "1,2",
                          "--requests", "4", "--interval", "0.05")
@@ -56,7 +76,8 @@ def test_conc_refuses_a_burst(tmp_path: Path, fake_server) -> None:
                 row["steady_tok_s"]) == (None, None, None, None, None, None)
         assert _engine_like(row["server_tpot_ms"]) and _engine_like(1000 / row["server_per_stream_tok_s"])
         assert row["aggregate_tok_s"] > 0  # tokens over wall time: no chunk timing in it
-    assert "note: c1: TTFT, ITL, TPOT, per-stream tok/s, steady-state tok/s not measured on the client: the " \
+    # one line for the cause, naming both levels (issue 39: a note per cause, not per level)
+    assert "note: c1, c2: TTFT, ITL, TPOT, per-stream tok/s, steady-state tok/s not measured on the client: the " \
            "stream arrived in bursts" in shown
 
 
