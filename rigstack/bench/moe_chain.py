@@ -20,6 +20,7 @@ toy sizes on the CPU reference paths (no timing), which is how CI checks it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -148,7 +149,7 @@ class Chain:
 
 
 def build_layers(eo, hosts: list[torch.Tensor], hot: list[list[int]], shape: Shape, prefetch: int,
-                 device: torch.device) -> tuple[list, list]:
+                 device: torch.device, programs: int | None = None) -> tuple[list, list]:
     layers, params = [], []
     for i, host in enumerate(hosts):
         p = {"w": torch.nn.Parameter(host, requires_grad=False)}
@@ -157,7 +158,25 @@ def build_layers(eo, hosts: list[torch.Tensor], hot: list[list[int]], shape: Sha
         params.append(p)
     if prefetch:
         eo.expert_prefetch.link(layers, device)
+    if programs is not None:
+        _narrow_prefetch(eo, layers, programs)
     return layers, params
+
+
+def _narrow_prefetch(eo, layers: list, programs: int) -> None:
+    """Each layer's prefetch gather launched with `programs` Triton programs instead of 0013's default (two a
+    multiprocessor: every SM copying, which leaves the layer's own kernels none; issue 40). The layer's own miss
+    gather keeps the default. Swapped in around the call, so a captured graph records the narrow launch."""
+    kernels = eo.expert_offload._kernels()
+    full = kernels.gather_misses
+    for layer in layers:
+        def fill(original=layer.fill_prefetch) -> None:
+            kernels.gather_misses = functools.partial(full, programs=programs)
+            try:
+                original()
+            finally:
+                kernels.gather_misses = full
+        layer.fill_prefetch = fill
 
 
 def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
@@ -169,7 +188,7 @@ def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
 
 
 def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds: int, reps: int, seed: int,
-          device: torch.device) -> dict:
+          device: torch.device, programs: tuple[int, ...] = ()) -> dict:
     on_gpu = device.type == "cuda"
     eo = kernel_sources.load_expert_offload(interpret=not on_gpu)
     t = mlb.traces(4000, max(batches) * steps + 1, seed)
@@ -202,13 +221,17 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
             variants = [(Point(f"per-layer cache {size}", size, batch, None),
                          chain.offloaded_steps(*plain, None, None), None)]
             checked = _check(variants, [], chain, hot, reference, on_gpu)
-            for slots, accuracies in ((shape.prefetch, ACCURACIES), (cap, CAPPED_ACCURACIES)):
-                fetching = build_layers(eo, hosts, hot, shape, slots, device)
+            # The default gather, then (--prefetch-programs) the same slots with the prefetch gather narrowed.
+            sweeps = [(shape.prefetch, ACCURACIES, None), (cap, CAPPED_ACCURACIES, None),
+                      *((slots, CAPPED_ACCURACIES, n) for n in programs for slots in (shape.prefetch, cap))]
+            for slots, accuracies, narrow in sweeps:
+                fetching = build_layers(eo, hosts, hot, shape, slots, device, narrow)
+                label = "" if narrow is None else f" p{narrow}"
                 variants = []
                 for accuracy in accuracies:
                     lists, lcounts = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
-                    variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}", size, batch, accuracy),
-                                     chain.offloaded_steps(*fetching, lists, lcounts), lists))
+                    variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}{label}", size, batch,
+                                           accuracy), chain.offloaded_steps(*fetching, lists, lcounts), lists))
                 checked += _check(variants, fetching[0], chain, hot, reference, on_gpu)
             if on_gpu:
                 _time(checked, rounds, reps, steps)
@@ -258,12 +281,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--prefetch-programs", default="",
+                        help="also time the prefetch gather at these Triton program counts, e.g. 8,16,32,64")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     shape = Shape(hidden=32, inter=8) if args.cpu else Shape()
     device = torch.device("cpu" if args.cpu else "cuda")
     report = bench([int(n) for n in args.sizes.split(",")], [int(n) for n in args.batches.split(",")], args.steps,
-                   shape, args.rounds, args.reps, args.seed, device)
+                   shape, args.rounds, args.reps, args.seed, device,
+                   tuple(int(n) for n in args.prefetch_programs.split(",") if n))
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     for p in report["points"]:
