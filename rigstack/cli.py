@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import sys
 import tempfile
@@ -15,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rigstack.errors import EXIT_BUG, EXIT_INTERRUPTED, UserError
+from rigstack.output import json_printed, print_json
 
 # Results go to stdout (so `--json` output stays clean); everything for humans goes to stderr.
 console = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -63,6 +63,7 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
     # --debug is consumed here, wherever it stands, so it works even when parsing the rest fails.
     debug = "--debug" in args
     args = [arg for arg in args if arg != "--debug"]
+    printed = json_printed()
     try:
         _refuse_another_checkout()
         result = app(args=args, standalone_mode=False, prog_name=_prog_name())
@@ -71,8 +72,8 @@ def run(app: typer.Typer, argv: list[str] | None = None) -> int:
             console.print_exception()
         # soft_wrap: the message stays one line however narrow the terminal, so it can be grepped and pasted.
         console.print(f"[bold red]error:[/] {escape(str(error))}", soft_wrap=True)  # it quotes user values
-        if "--json" in args:  # a script reading stdout gets the failure there too, not an empty stream
-            print(json.dumps({"error": str(error), "exit_code": error.exit_code}))
+        if "--json" in args and json_printed() == printed:  # a script reading stdout finds the failure there too
+            print_json({"error": str(error), "exit_code": error.exit_code})
         return error.exit_code
     except KeyboardInterrupt:
         console.print("[yellow]interrupted[/]")

@@ -215,7 +215,7 @@ def test_preflight_names_a_missing_gateway_venv(tmp_path: Path, monkeypatch: pyt
 
 def _recorder(folder: Path, order: Path) -> runrecord.RunRecord:
     """A process that notes its folder's name in `order` when it gets SIGTERM."""
-    script = f"trap 'echo {folder.name} >> {order}; exit 0' TERM; while :; do sleep 0.1; done"
+    script = f"trap 'echo {folder.name} >> {order}; exit 0' TERM; touch {folder}/trapped; while :; do sleep 0.1; done"
     _, record = process.start(["bash", "-c", script], {}, folder, url=f"http://127.0.0.1:{free_port()}",
                              served_name="x", check_port=False)
     return record
@@ -227,7 +227,10 @@ def test_stop_ends_the_gateway_first_then_each_pool_from_its_router(tmp_path: Pa
                run_dir / "pool-1", run_dir / "pool-1" / "router", run_dir / "gateway"]
     for folder in folders:
         _recorder(folder, order)
-    time.sleep(0.5)  # the traps are set
+    deadline = time.monotonic() + 60
+    while not all((folder / "trapped").is_file() for folder in folders):  # every trap set before the stop
+        assert time.monotonic() < deadline, "the recorders did not start"
+        time.sleep(0.05)
     assert fleetlaunch.stop_fleet("cpu-tiny-mixed", run_dir=run_dir) == 0
     assert order.read_text().split() == ["gateway", "router", "replica-0", "replica-1", "router", "pool-1"]
     assert all(process.running(folder) is None for folder in folders)

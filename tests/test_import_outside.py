@@ -185,6 +185,7 @@ def test_json_is_printed_on_a_refusal_too(patches: Path, tmp_path: Path, capsys:
 
 
 # -- item 8 (import sources): a regular file, read with a bound ---------------------------------------------------
+@pytest.mark.timeout(60)  # in-process: a FIFO read without a writer would hang the worker
 @pytest.mark.parametrize("kind, expected", [("fifo", "a FIFO (named pipe), not a regular file"),
                                             ("zero", "a character device, not a regular file"),
                                             ("dangling", "which does not exist"), ("loop", "a symlink loop")])

@@ -45,6 +45,7 @@ def write(folder: Path, name: str, text: str | bytes) -> Path:
 
 
 # -- item 8 (profiles): every profile path is a regular file, read with a bound ------------------------------------
+@pytest.mark.timeout(60)  # in-process: a FIFO read without a writer would hang the worker
 @pytest.mark.parametrize("kind, expected", [
     ("directory", "a directory, not a regular file"),
     ("fifo", "a FIFO (named pipe), not a regular file"),

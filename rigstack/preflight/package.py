@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from rigstack import history
 from rigstack.errors import UserError
+from rigstack.gitrepo import PackageRepo
 from rigstack.preflight.core import Context, Result, check, fail, passed, skip, warn
 from rigstack.versions import load_pins
 
@@ -22,6 +24,12 @@ def stamp(ctx: Context) -> Result:
         return fail(str(error), "fix the file it names")
     if found is None:
         return fail(f"{package} was not patched by rigstack (no stamp)", apply)
+    # The stamp is a file anyone can edit; where the package keeps its history, the history is the record (as
+    # status and apply check it).
+    checked = history.check(repo, pins) if (repo := PackageRepo(package.resolve())).exists else None
+    if checked is not None and checked.wrong is not None:
+        return fail(f"{package}'s stamp disagrees with its git history ({checked.wrong}): edited or copied from "
+                    "another package", apply)
     if found.flavour != ctx.profile.flavour:
         return fail(f"{package} is the {found.flavour} build, profile {ctx.profile.name} runs the "
                     f"{ctx.profile.flavour} one", "pass --package PATH for the matching build")

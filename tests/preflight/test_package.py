@@ -3,15 +3,17 @@ module raises (run for real in a subprocess of this interpreter)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from testing.cli import run_apply
 from testing.preflight import assert_status, context, profile_at
 
 from rigstack.preflight import package
 from rigstack.preflight.core import Status
 from rigstack.stack import load_stack
-from rigstack.stamp import Stamp, StampedPatch, write_stamp
+from rigstack.stamp import STAMP_NAME, Stamp, StampedPatch, write_stamp
 from rigstack.versions import load_pins
 
 PINS = load_pins()
@@ -122,3 +124,17 @@ def test_the_real_patched_package_has_the_fallbacks() -> None:
         assert_status(result, Status.PASS, "SM8x fallbacks present for sm_80")
     else:
         assert_status(result, Status.FAIL, "needs the SM8x fallbacks")
+
+
+@pytest.mark.parametrize(("field", "forged"), [("source", "dir:/somewhere/else/vllm"), ("tool_version", "9.9.9")])
+def test_a_forged_stamp_fails_against_the_packages_history(cpu_package: Path, two_patches: Path, field: str,
+                                                           forged: str) -> None:
+    """Issue 37 item 5: preflight read the stamp file alone, so an edited one passed where status and apply refuse
+    it. A package patched for real (its git history beside it), then its stamp edited in one field."""
+    assert run_apply("apply", "--from", f"dir:{cpu_package}", "--patches", str(two_patches)).returncode == 0
+    stack = load_stack(two_patches)
+    assert package.stamp(context("cpu-tiny", package=cpu_package, stack=stack)).status is Status.PASS
+    path = cpu_package / STAMP_NAME
+    path.write_text(json.dumps({**json.loads(path.read_text()), field: forged}))
+    result = package.stamp(context("cpu-tiny", package=cpu_package, stack=stack))
+    assert_status(result, Status.FAIL, f"stamp disagrees with its git history ({field})")
