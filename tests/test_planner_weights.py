@@ -98,8 +98,9 @@ def test_headers_size_a_plan_and_a_disagreeing_size_gib_names_both(tmp_path: Pat
     capsys.readouterr()
     assert cli.run(preflight.app, ["plan", "--profile", str(wrong), "--json"]) == 1
     said = capsys.readouterr()
-    assert said.out == "" and len(said.err.strip().splitlines()) == 1
+    assert len(said.err.strip().splitlines()) == 1
     assert said.err.startswith("error: profile rig: model.size_gib is 5 GiB but the safetensors headers")
+    assert json.loads(said.out)["error"] == said.err.strip().removeprefix("error: ")  # --json: on stdout too
 
 
 def test_mtp_layers_of_a_checkpoint_load_only_with_mtp() -> None:

