@@ -10,6 +10,7 @@ pin it in versions.env): a wheel that no longer matches is rebuilt, never used.
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import os
 import re
@@ -29,6 +30,15 @@ ISA = "AVX2"
 # oneDNN's build at that ISA: its primitives' JIT (ONEDNN_ENABLE_PRIMITIVE_CPU_ISA) and its x64/gemm kernels, whose
 # AVX-512 and AMX files (30 of its ~420) would otherwise be compiled for kernels the twin never dispatches.
 ONEDNN_OPTIONS = (f"-DONEDNN_ENABLE_PRIMITIVE_CPU_ISA={ISA}", f"-DONEDNN_ENABLE_GEMM_KERNELS_ISA={ISA}")
+# The sources of oneDNN primitives vLLM never creates (fnmatch patterns under oneDNN's src/cpu/; a registration
+# list's own *_list.cpp stays). vLLM's cmake builds oneDNN with ONEDNN_ENABLE_PRIMITIVE=MATMUL;REORDER, which empties
+# these primitives' registration lists but still compiles their implementations: 135 of oneDNN's 394 files, about
+# half its compile time. oneDNN's CMake globs its sources, so files removed from the unpacked tree are left out of
+# the build; their headers stay (the emptied lists include them). tests/test_twin.py checks that no file the build
+# keeps reaches a removed file's header.
+ONEDNN_UNUSED = ("rnn/*", "*/rnn/*", "*/lrn/*", "*/prelu/*", "*/shuffle/*", "*convolution*", "*conv_*",
+                 "*_conv.cpp", "*deconv*", "*pool*", "*_normalization*", "*resampling*", "*lrn*", "*prelu*",
+                 "*shuffle*", "*inner_product.cpp", "*inner_product_int8.cpp")
 RECORD = "wheel.sha256"
 # What the wheel declares but cannot have here: a torch +cpu build and triton-cpu (no registry here serves either;
 # the venv's torch is the pinned CUDA build), and torch's companions, whose CUDA builds break `import vllm`.
@@ -44,8 +54,8 @@ def build_inputs() -> Path:
 def key(pins: Pins) -> str:
     """The cache key: the inputs that decide the wheel's bytes."""
     digest = hashlib.sha256()
-    for part in (pins.vllm_sdist_sha256, pins.onednn_src_sha256, ISA, *ONEDNN_OPTIONS, pins.torch_version,
-                 compiler()):
+    for part in (pins.vllm_sdist_sha256, pins.onednn_src_sha256, ISA, *ONEDNN_OPTIONS, *ONEDNN_UNUSED,
+                 pins.torch_version, compiler()):
         digest.update(part.encode() + b"\0")
     for patch in patches():
         digest.update(patch.read_bytes())
@@ -80,6 +90,13 @@ def pinned_wheel(pins: Pins, flavour: str) -> tuple[Path, str] | None:
         return (built, recorded_sha256(built)) if built else None
     _, name, sha256 = pins.wheel(flavour)
     return wheels_dir() / name, sha256
+
+
+def onednn_unused(source: Path) -> list[Path]:
+    """The .cpp files under the unpacked oneDNN tree `source` that ONEDNN_UNUSED leaves out of the build."""
+    cpu = source / "src" / "cpu"
+    return sorted(path for path in cpu.rglob("*.cpp") if not path.name.endswith("_list.cpp")
+                  and any(fnmatch.fnmatch(path.relative_to(cpu).as_posix(), pattern) for pattern in ONEDNN_UNUSED))
 
 
 def patches() -> list[Path]:

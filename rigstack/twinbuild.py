@@ -45,7 +45,7 @@ def build(pins: Pins, python: str, on_event: Callable[[str], None], jobs: int | 
     log = work / "build.log"
     jobs = jobs or os.cpu_count() or 1
     on_event(f"building vLLM {pins.vllm_version}'s CPU backend from {sdist.name} (ISA {twin.ISA}, {jobs} jobs); the "
-             f"first build takes about half an hour on 2 cores, later runs reuse the wheel; log: {log}")
+             f"first build takes 15-25 minutes on 2 cores, later runs reuse the wheel; log: {log}")
     source = _unpack(sdist, onednn, work, pins.vllm_version)
     _run([python, "-m", "pip", "install", "-q", "cmake>=3.26.1", "ninja", "setuptools==78.1.1", "setuptools-scm>=8",
           "setuptools-rust>=1.9.0", "wheel", "jinja2>=3.1.6", "regex", "packaging>=24.2"],
@@ -68,6 +68,9 @@ def build(pins: Pins, python: str, on_event: Callable[[str], None], jobs: int | 
     wheel = target / built[0].name
     os.replace(built[0], wheel)
     shutil.copyfile(log, target / "build.log")
+    # ninja's own record of each step's start and end: where the next minutes of the build can be found
+    for steps in sorted(source.glob("build/*/.ninja_log"))[:1]:
+        shutil.copyfile(steps, target / "ninja_log.txt")
     (target / twin.RECORD).write_text(f"{sha256_of(wheel)} {wheel.name}\n")
     shutil.rmtree(work)
     minutes, seconds = divmod(int(time.monotonic() - started), 60)
@@ -100,6 +103,8 @@ def _unpack(sdist: Path, onednn: Path, work: Path, version: str) -> Path:
         archive.extractall(work / "onednn-src", filter="data")
     (top,) = (work / "onednn-src").iterdir()
     top.rename(work / "onednn")
+    for unused in twin.onednn_unused(work / "onednn"):
+        unused.unlink()
     source = work / f"vllm-{version}"
     for patch in twin.patches():
         result = subprocess.run(["patch", "-p1", "--forward", "--batch", "-i", str(patch)], cwd=source,

@@ -8,7 +8,9 @@ import dataclasses
 import os
 import shutil
 import subprocess
+import re
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 from rigstack import twin, twinbuild
 from rigstack.errors import UserError
 from rigstack.files import sha256_of
+from rigstack.upstreamtests import fetch_sdist
 from rigstack.versions import REPO_ROOT, load_pins
 
 
@@ -59,6 +62,8 @@ def test_the_key_moves_with_every_input_of_the_build(tmp_path: Path, monkeypatch
              for field in ("vllm_sdist_sha256", "onednn_src_sha256", "torch_version")}
     monkeypatch.setattr(twin, "ONEDNN_OPTIONS", (*twin.ONEDNN_OPTIONS[:-1], "-DONEDNN_ENABLE_GEMM_KERNELS_ISA=ALL"))
     moved.add(twin.key(pins))
+    monkeypatch.setattr(twin, "ONEDNN_UNUSED", twin.ONEDNN_UNUSED[:-1])
+    moved.add(twin.key(pins))
     monkeypatch.undo()
     patches = tmp_path / "twin"
     shutil.copytree(twin.TWIN_PATCHES, patches)
@@ -69,7 +74,7 @@ def test_the_key_moves_with_every_input_of_the_build(tmp_path: Path, monkeypatch
     monkeypatch.undo()
     monkeypatch.setattr(twin, "compiler", lambda: "12.3.0")
     moved.add(twin.key(pins))
-    assert first not in moved and len(moved) == 6
+    assert first not in moved and len(moved) == 7
 
 
 def test_the_build_caps_onednn_at_the_twins_isa() -> None:
@@ -78,6 +83,45 @@ def test_the_build_caps_onednn_at_the_twins_isa() -> None:
     assert twin.ISA == "AVX2"
     assert sorted(twin.ONEDNN_OPTIONS) == ["-DONEDNN_ENABLE_GEMM_KERNELS_ISA=AVX2",
                                            "-DONEDNN_ENABLE_PRIMITIVE_CPU_ISA=AVX2"]
+
+
+def test_the_onednn_sources_left_out_are_ones_the_build_never_needs(tmp_path: Path) -> None:
+    """The oneDNN files the twin's build removes (twin.ONEDNN_UNUSED) are primitives vLLM's cmake disables: the real
+    oneDNN source and the pinned sdist's cmake. A kept file that reaches a removed file's header would compile and
+    then fail at `import vllm` with an undefined symbol, after half an hour of building; this finds it in seconds."""
+    pins = load_pins()
+    with tarfile.open(twin.build_inputs() / pins.onednn_src) as archive:
+        archive.extractall(tmp_path, filter="data")
+    (root,) = tmp_path.iterdir()
+    removed = twin.onednn_unused(root)
+    names = {path.relative_to(root / "src").as_posix() for path in removed}
+    assert len(removed) > 100  # the families named, not a pattern that matches nothing
+    assert not [name for name in names if name.endswith("_list.cpp") or "/matmul/" in name or "/reorder/" in name
+                or "jit_uni_reorder" in name]
+    # vLLM creates only matmul and reorder primitives: the assumption all of this rests on, from the sdist itself
+    with tarfile.open(fetch_sdist(pins)) as sdist:
+        cmake = sdist.extractfile(f"vllm-{pins.vllm_version}/cmake/cpu_extension.cmake").read().decode()
+    assert 'set(ONEDNN_ENABLE_PRIMITIVE "MATMUL;REORDER")' in cmake
+    removed_headers = {name.removesuffix(".cpp") + ".hpp" for name in names}
+    include = re.compile(r'#include\s+"([^"]+)"')
+    reached: dict[str, set[str]] = {}
+
+    def headers(name: str) -> set[str]:  # every header `name` includes, directly or through other headers
+        if name not in reached:
+            reached[name] = set()
+            path = root / "src" / name
+            for header in include.findall(path.read_text(errors="replace")) if path.is_file() else ():
+                reached[name] |= {header, *headers(header)}
+        return reached[name]
+
+    # what an x86 build compiles: src/common and src/cpu, less the other architectures' and SYCL's folders
+    other = tuple(f"cpu/{folder}/" for folder in ("aarch64", "ppc64", "rv64", "s390x", "sycl"))
+    kept = [name for name in (path.relative_to(root / "src").as_posix() for path in (root / "src").rglob("*.cpp")
+                              if path not in removed)
+            if name.startswith(("common/", "cpu/")) and not name.startswith(other)]
+    assert len(kept) > 200
+    assert not {name: headers(name) & removed_headers for name in kept
+                if not name.endswith("_list.cpp") and headers(name) & removed_headers}
 
 
 def test_a_failed_build_names_its_first_error_and_the_log(tmp_path: Path) -> None:
