@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from rigstack.errors import UserError
 
 
 def _temp_name(path: Path, writer: str) -> str:
@@ -42,4 +45,19 @@ def write_atomic(path: Path, data: str | bytes, private: bool = False) -> Path:
         if private:
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
         tmp.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def check_writable(path: Path, what: str, fix: str) -> Path:
+    """Refuse, before any long work, a file `path` that could not be written when that work ends: its folder is
+    made if missing and a temporary file is created and removed there (a read-only mount or a missing permission
+    fails here as it would at the end; a disk that fills during the work is still met there). A one-line UserError
+    naming `what` and `fix`."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".probe", dir=path.parent)
+        os.close(handle)
+        os.unlink(name)
+    except OSError as error:
+        raise UserError(f"cannot write {what} {path} ({error.strerror}); {fix}; nothing was run") from None
     return path

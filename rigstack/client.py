@@ -34,7 +34,13 @@ TOO_LARGE = f"the answer is over the {MAX_BODY_BYTES >> 20} MiB limit of one rep
 _NOT_REACHED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.UnsupportedProtocol)
 
 
-def _unreachable(url: str, error: Exception) -> UserError:
+def _unreachable(url: str, error: Exception, gateway: str | None = None) -> UserError:
+    """Nothing answered at `url`: the server, or (with `gateway`) one of the fleet's engines behind that gateway,
+    which may well be up: the error names the one that is down."""
+    if gateway:
+        return UserError(f"cannot reach {url}, an engine behind the gateway {gateway} (--fleet): "
+                         f"{type(error).__name__}; that engine is down: restart the fleet with "
+                         f"`{command('serve --fleet NAME')}` (after `{command('stop --fleet NAME')}`)")
     return UserError(f"cannot reach {url}: {type(error).__name__}; {START_HINT}")
 
 
@@ -259,6 +265,9 @@ class Server:
         or a late answer is a UserError. Called outside any event loop: the probes' metadata, readiness polls."""
         limit = self.timeout_s if timeout_s is None else timeout_s
         url = (base or self.endpoint.base) + path
+        # a call to an engine behind the gateway names that engine, not the gateway, when it fails
+        where, gateway = (base, self.endpoint.base) if base and base != self.endpoint.base else \
+            (self.endpoint.base, None)
 
         async def call() -> tuple[int, bytes]:
             async with asyncio.timeout(limit), \
@@ -272,12 +281,12 @@ class Server:
         except Malformed:  # the one thing _read_body refuses: the size bound
             raise UserError(f"{url}: {TOO_LARGE}; point --url at an OpenAI-compatible server") from None
         except _NOT_REACHED as error:
-            raise _unreachable(self.endpoint.base, error) from None
+            raise _unreachable(where, error, gateway) from None
         except (TimeoutError, httpx.TimeoutException):  # the port answered, then no whole answer within the limit
             raise UserError(f"{url}: no complete answer within {limit:g} s; is the server overloaded (raise "
                             "--timeout) or a proxy in the way?") from None
         except httpx.TransportError as error:
-            raise _unreachable(self.endpoint.base, error) from None
+            raise _unreachable(where, error, gateway) from None
 
     def _answers(self, *paths: str, timeout_s: float = 5.0) -> bool:
         """Every path answers 200; False (never an error) while the server is still booting."""

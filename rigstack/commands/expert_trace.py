@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from rigstack import expert_trace
+from rigstack.atomic import check_writable
 from rigstack.client import Server
 from rigstack.endpoint import Endpoint, api_key_from_env
 from rigstack.cli import console
@@ -53,6 +54,8 @@ def main(
             cache = offload.hot_experts_per_layer
     if out is not None and out.is_dir():
         raise UserError(f"--out {out} is a folder; give the hot-set file's path (e.g. {out / 'hot-experts.json'})")
+    if out is not None:
+        check_writable(out, "the hot-set file", "give --out a path you can write")
     lines = [] if prompts is None else [line for line in read_utf8(prompts, "prompt file", PROMPTS_LIMIT,
                                                                    "give a text file, one prompt a line").splitlines()
                                         if line.strip()]

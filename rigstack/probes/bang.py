@@ -208,8 +208,9 @@ def exit_code(result: Result) -> int:
 
 def main(target: Target, prompts: list[str], max_tokens: int, repeats: int, vocab_size: int | None, tol: float,
          out: Path | None, show: Show) -> int:
+    out = default_out("bang", out)
     server = target.server()
     result = run_bang(server, prompts or [DEFAULT_PROMPT], max_tokens, repeats, vocab_size, tol, target.profile,
                       target.package)
-    show(publish(result, default_out("bang", out), server))
+    show(publish(result, out, server))
     return exit_code(result)

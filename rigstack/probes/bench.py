@@ -129,9 +129,10 @@ def run_bench(server: Server, workloads: list[str], max_tokens: int, fixed: meas
 
 def main(target: Target, workloads: list[str], max_tokens: int, fixed: measure.FixedLength, repeats: int,
          warmup: int, out: Path | None, show: Show) -> int:
+    out = default_out("bench", out)
     server = target.server()
     result = run_bench(server, workloads, max_tokens, fixed, repeats, warmup, target.profile, target.package,
                        target.stop_after)
-    show(publish(result, default_out("bench", out), server))
+    show(publish(result, out, server))
     dead = [row for row in result.rows if row["failed"] == row["requests"]]
     return fail_if_unmeasured([f"workload {row['workload']}" for row in dead], dead[0]["first_error"] if dead else None)

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from rigstack.atomic import check_writable
 from rigstack.client import Server
 from rigstack.endpoint import Endpoint, api_key_from_env
 from rigstack.errors import UserError
@@ -57,8 +58,11 @@ class Target:
 
 
 def default_out(kind: str, out: Path | None) -> Path:
-    """--out, else a fresh stem in results/ (a timestamp per run, so an earlier result is never overwritten)."""
-    return out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    """--out, else a fresh stem in results/ (a timestamp per run, so an earlier result is never overwritten); asked
+    for before the probe runs, so that a place the result cannot be written is said before minutes of measuring."""
+    stem = out if out is not None else RESULTS_DIR / f"{kind}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    check_writable(stem.with_suffix(".json"), "the result file", "give --out a stem in a folder you can write")
+    return stem
 
 
 @dataclass(frozen=True)

@@ -291,9 +291,10 @@ def main(target: Target, levels: str, rates: str, requests: int, workload: str, 
     """levels/rates as typed on the command line; levels default to 1,2,4,8 when neither is given."""
     rate_list = parse_list(rates, float, "--rates")
     level_list = parse_list(levels or ("" if rate_list else "1,2,4,8"), int, "--levels")
+    out = default_out("conc", out)
     server = target.server()
     result = run_conc(server, level_list, rate_list, requests, workload, max_tokens, fixed, interval_s, seed,
                       warmup, target.profile, target.package, target.stop_after)
-    show(publish(result, default_out("conc", out), server, plot_conc))
+    show(publish(result, out, server, plot_conc))
     dead = [row for row in result.rows if not row["ok"]]
     return fail_if_unmeasured([row["level"] for row in dead], dead[0]["first_error"] if dead else None)

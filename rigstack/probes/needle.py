@@ -152,9 +152,10 @@ def plot_needle(result: Result, path: Path) -> None:
 
 def main(target: Target, lengths: list[int], depths: list[float], seed: int, out: Path | None,
          show: Show) -> int:
+    out = default_out("needle", out)
     server = target.server()
     result = run_needle(server, lengths, depths, seed, target.profile, target.package, target.stop_after)
-    show(publish(result, default_out("needle", out), server, plot_needle))
+    show(publish(result, out, server, plot_needle))
     tried = [row for row in result.rows if row["status"] not in ("skipped", "not-sent")]
     dead = bool(tried) and all(row["status"] == "error" for row in tried)
     return fail_if_unmeasured(["the needle grid"] if dead else [], tried[0]["answer"] if dead else None)

@@ -228,9 +228,10 @@ def run_qual(server: Server, groups: list[str], max_tokens: int, profile: str | 
 
 
 def main(target: Target, groups: list[str], max_tokens: int, out: Path | None, show: Show) -> int:
+    out = default_out("qual", out)
     server = target.server()
     result = run_qual(server, groups, max_tokens, target.profile, target.package, target.stop_after)
-    show(publish(result, default_out("qual", out), server))
+    show(publish(result, out, server))
     failed = [row for row in result.rows if not row["answered"]]
     if failed and len(failed) < len(result.rows):  # each item is one measurement: an unanswered one measured nothing
         names = ", ".join(row["item"] for row in failed)

@@ -117,3 +117,20 @@ def test_behind_a_gateway_the_counters_are_the_models_engines(fake_server) -> No
             return await behind.scrape(session)
 
     assert asyncio.run(scraped()) == summed
+
+
+def test_an_engine_down_behind_a_live_gateway_is_named(fake_server) -> None:
+    """Issue 39 (Low): with --fleet, an engine that is down was reported as the gateway being unreachable (the
+    gateway answered; the hint said to start it). The error names the engine, the gateway it is behind, and how to
+    restart the fleet."""
+    from rigstack.client import Endpoint, Server
+    from rigstack.errors import UserError
+    from testing.net import free_port
+
+    gateway, live = fake_server(), fake_server("--metrics")
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(UserError) as raised:
+        Server(Endpoint(gateway, "fake"), engines=(live, dead)).metrics()
+    message = str(raised.value)
+    assert message.startswith(f"cannot reach {dead}, an engine behind the gateway {gateway} (--fleet): ConnectError")
+    assert "--fleet NAME" in message and "stop --fleet NAME" in message and "\n" not in message
