@@ -16,112 +16,34 @@ import pytest
 import torch
 from torch import nn
 
+from testing.glm5next_pp import (
+    HC_MULT,
+    HIDDEN,
+    NUM_LAYERS,
+    NUM_TOKENS,
+    build_model,
+    glm5next_model,
+    inputs,
+    run_stage,
+)
 from vllm.config import VllmConfig, set_current_vllm_config
-from vllm.models.glm5next.common import model as glm5next_model
 from vllm.sequence import IntermediateTensors
-from vllm.utils.torch_utils import set_default_torch_dtype
-
-HIDDEN = 64
-NUM_LAYERS = 4
-HC_MULT = 4
-NUM_TOKENS = 5
-
-
-class TokenwiseAttention(nn.Module):
-    """Stands in for MLA/KDA: a seeded per-token projection."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__()
-        self.proj = nn.Linear(HIDDEN, HIDDEN, bias=False)
-        self.o_proj = SimpleNamespace(reduce_results=True)
-
-    def forward(self, hidden_states: torch.Tensor, positions: torch.Tensor):
-        return torch.tanh(self.proj(hidden_states))
-
-
-def _text_config(mhc: bool) -> SimpleNamespace:
-    return SimpleNamespace(
-        vocab_size=97,
-        hidden_size=HIDDEN,
-        intermediate_size=128,
-        num_hidden_layers=NUM_LAYERS,
-        num_attention_heads=2,
-        hidden_act="silu",
-        swiglu_limit=None,
-        rms_norm_eps=1e-6,
-        n_routed_experts=None,
-        n_shared_experts=None,
-        index_topk=None,
-        index_kpool_always_select_tail=True,
-        layer_types=["linear_attention"] * NUM_LAYERS,
-        mlp_layer_types=["dense"] * NUM_LAYERS,
-        mhc=mhc,
-        hc_mult=HC_MULT,
-        hc_eps=1e-6,
-        hc_sinkhorn_iters=20,
-    )
-
-
-def _build_model(mhc: bool, monkeypatch) -> glm5next_model.Glm5NextModel:
-    monkeypatch.setattr(glm5next_model, "Glm5NextLinearAttention", TokenwiseAttention)
-    monkeypatch.setattr(glm5next_model, "Glm5NextMLAAttention", TokenwiseAttention)
-    vllm_config = VllmConfig()
-    vllm_config.model_config = SimpleNamespace(hf_text_config=_text_config(mhc))
-    # JIT warmup registers TileLang kernels, which exist for CUDA only.
-    vllm_config.kernel_config.enable_jit_warmup = False
-    torch.manual_seed(0)
-    with set_current_vllm_config(vllm_config), set_default_torch_dtype(torch.bfloat16):
-        model = glm5next_model.Glm5NextModel(vllm_config=vllm_config, prefix="model")
-        # Parameters are allocated with torch.empty; give them seeded values.
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("_scale"):
-                    param.fill_(0.5)
-                elif "norm" in name:
-                    param.fill_(1.0)
-                else:
-                    param.copy_(torch.randn_like(param, dtype=torch.float32) * 0.1)
-        # What the loader does after weights are in (binds the CPU GEMMs).
-        for module in model.modules():
-            quant_method = getattr(module, "quant_method", None)
-            if quant_method is not None:
-                quant_method.process_weights_after_loading(module)
-    return model
-
-
-def _run(model, start: int, end: int, first: bool, last: bool, inputs, monkeypatch):
-    monkeypatch.setattr(
-        glm5next_model,
-        "get_pp_group",
-        lambda: SimpleNamespace(is_first_rank=first, is_last_rank=last),
-    )
-    model.start_layer, model.end_layer = start, end
-    model._active_layers = model.layers[start:end]
-    input_ids, positions, intermediate = inputs
-    with torch.no_grad():
-        return model(input_ids if first else None, positions, intermediate)
-
-
-def _inputs():
-    input_ids = torch.tensor([3, 14, 15, 92, 65])
-    positions = torch.arange(NUM_TOKENS)
-    return input_ids, positions
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("split", [1, 2, 3])
 def test_two_stages_compute_what_one_stage_does(split, single_rank_dist, monkeypatch):
-    model = _build_model(mhc=True, monkeypatch=monkeypatch)
-    input_ids, positions = _inputs()
+    model = build_model(mhc=True, monkeypatch=monkeypatch)
+    input_ids, positions = inputs()
     with set_current_vllm_config(VllmConfig()):
-        single = _run(
+        single = run_stage(
             model, 0, NUM_LAYERS, True, True, (input_ids, positions, None), monkeypatch
         )
-        handoff = _run(
+        handoff = run_stage(
             model, 0, split, True, False, (input_ids, positions, None), monkeypatch
         )
         assert isinstance(handoff, IntermediateTensors)
-        two_stage = _run(
+        two_stage = run_stage(
             model,
             split,
             NUM_LAYERS,
@@ -144,13 +66,13 @@ def test_two_stages_compute_what_one_stage_does(split, single_rank_dist, monkeyp
 
 
 def test_non_mhc_stage_handoff_shapes(single_rank_dist, monkeypatch):
-    model = _build_model(mhc=False, monkeypatch=monkeypatch)
-    input_ids, positions = _inputs()
+    model = build_model(mhc=False, monkeypatch=monkeypatch)
+    input_ids, positions = inputs()
     with set_current_vllm_config(VllmConfig()):
-        single = _run(
+        single = run_stage(
             model, 0, NUM_LAYERS, True, True, (input_ids, positions, None), monkeypatch
         )
-        handoff = _run(
+        handoff = run_stage(
             model, 0, 2, True, False, (input_ids, positions, None), monkeypatch
         )
         empty = model.make_empty_intermediate_tensors(
@@ -159,7 +81,7 @@ def test_non_mhc_stage_handoff_shapes(single_rank_dist, monkeypatch):
         assert set(empty.tensors) == set(handoff.tensors)
         assert empty["hidden_states"].shape == handoff["hidden_states"].shape
         assert empty["hidden_states"].shape == (NUM_TOKENS, HIDDEN)
-        two_stage = _run(
+        two_stage = run_stage(
             model,
             2,
             NUM_LAYERS,

@@ -1,7 +1,7 @@
 """Patch 0006: glm5next opts in to vLLM's aux-hidden-state relay, so DFlash /
 DFlash2 (and EAGLE-3) can draft under pipeline parallelism.
 
-Uses the tiny real glm5next stack of test_0004 (same harness, loaded by path)
+Uses the tiny real glm5next stack of testing/glm5next_pp.py (patch 0004's harness)
 and vLLM's real relay pieces: the slot layout (EagleModelMixin), the
 pre-allocation wrapper (reserve_aux_intermediate_tensor_slots), the relay keys
 and PPHandler.relay_aux_hidden_states. A model split over three fake PP stages
@@ -11,22 +11,16 @@ stage does.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from types import SimpleNamespace
 
 import torch
 
-_HARNESS_PATH = Path(__file__).with_name("test_0004_glm5next_pp.py")
-_spec = importlib.util.spec_from_file_location("glm5next_pp_harness", _HARNESS_PATH)
-harness = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(harness)
-
-from vllm.config import VllmConfig, set_current_vllm_config  # noqa: E402
-from vllm.distributed import parallel_state  # noqa: E402
-from vllm.sequence import IntermediateTensors  # noqa: E402
-from vllm.v1.worker.gpu.pp_utils import PPHandler  # noqa: E402
-from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (  # noqa: E402
+from testing import glm5next_pp as harness
+from vllm.config import VllmConfig, set_current_vllm_config
+from vllm.distributed import parallel_state
+from vllm.sequence import IntermediateTensors
+from vllm.v1.worker.gpu.pp_utils import PPHandler
+from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import (
     aux_hidden_state_relay_keys,
     reserve_aux_intermediate_tensor_slots,
     verify_supports_aux_hidden_states_over_pp,
@@ -63,9 +57,9 @@ def _forward(model, input_ids, positions, intermediate, first: bool):
 
 
 def test_aux_hidden_states_are_relayed_across_stages(single_rank_dist, monkeypatch):
-    model = harness._build_model(mhc=True, monkeypatch=monkeypatch)
+    model = harness.build_model(mhc=True, monkeypatch=monkeypatch)
     wrapper = SimpleNamespace(model=model)  # what the runner's helpers unwrap
-    input_ids, positions = harness._inputs()
+    input_ids, positions = harness.inputs()
     with set_current_vllm_config(VllmConfig()):
         verify_supports_aux_hidden_states_over_pp(wrapper, "dflash")
 

@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-E, H, INTER, K = 8, 256, 128, 2  # the tiny MoE model's layer: 8 experts, top-2
-HOT = [5, 1, 7, 0, 2]  # hottest first
-ISA = "vec"
+from testing.moe_offload import HOT, E, K, kernel, offload_settings, prepacked, resident_output, route
 
 
 @pytest.fixture(scope="module")
@@ -24,39 +22,9 @@ def eo():
     return expert_offload
 
 
-def _prepacked(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    from vllm import _cpu_ops as ops
-
-    gen = torch.Generator().manual_seed(0)
-    w13 = (torch.randn(E, 2 * INTER, H, generator=gen) * 0.1).to(dtype)
-    w2 = (torch.randn(E, H, INTER, generator=gen) * 0.1).to(dtype)
-    return ops.cpu_prepack_moe_weight(w13, ISA), ops.cpu_prepack_moe_weight(w2, ISA)
-
-
 @pytest.fixture(scope="module")
 def weights() -> tuple[torch.Tensor, torch.Tensor]:
-    return _prepacked(torch.bfloat16)
-
-
-def _kernel(w13: torch.Tensor, w2: torch.Tensor, calls: list[torch.Tensor] | None = None):
-    """vLLM's CPU fused MoE over whatever tensors w13/w2 hold when it is called (the layer's parameters)."""
-    from vllm import _cpu_ops as ops
-
-    def apply(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, first: bool) -> torch.Tensor:
-        if calls is not None:
-            calls.append(ids.clone())
-        out = torch.empty(x.shape[0], H, dtype=x.dtype)
-        ops.cpu_fused_moe(out, x, w13.data, w2.data, None, None, w.contiguous(), ids.contiguous(), "silu", ISA)
-        return out
-    return apply
-
-
-def _route(n_tokens: int, seed: int, top_k: int = K,
-           dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(n_tokens, H, generator=gen).to(dtype)
-    w, ids = torch.topk(torch.randn(n_tokens, E, generator=gen).softmax(-1), top_k)
-    return x, (w / w.sum(-1, keepdim=True)).float(), ids.int()
+    return prepacked(torch.bfloat16)
 
 
 def _layer(eo, weights, cache: int = 3, staging: int = 2, grouped: int = 8, masked: bool = False):
@@ -65,28 +33,25 @@ def _layer(eo, weights, cache: int = 3, staging: int = 2, grouped: int = 8, mask
     return layer, params
 
 
-def _resident(weights, x, w, ids) -> torch.Tensor:
-    return _kernel(*weights)(x, ids, w, True)
-
-
 def test_decode_steps_run_on_cache_and_staging_bit_for_bit(eo, weights) -> None:
     layer, params = _layer(eo, weights)
     assert params["w13"].shape[0] == 3 + 2  # the parameter itself is now [cache | staging]
     assert torch.equal(layer.host["w13"], weights[0])  # every expert in host memory
     for seed in range(6):
-        x, w, ids = _route(1, seed)
+        x, w, ids = route(1, seed)
         calls: list[torch.Tensor] = []
-        out = layer.forward(x, ids, w, _kernel(params["w13"], params["w2"], calls))
+        out = layer.forward(x, ids, w, kernel(params["w13"], params["w2"], calls))
         assert layer.path(1, K) == "staged" and len(calls) == 1
         assert int(calls[0].max()) < 5  # remapped into [cache | staging]
-        assert torch.equal(out, _resident(weights, x, w, ids))
+        assert torch.equal(out, resident_output(weights, x, w, ids))
 
 
 def test_short_prompt_past_the_staging_size_reads_the_host_copy(eo, weights) -> None:
     layer, params = _layer(eo, weights)
-    x, w, ids = _route(4, 7)
+    x, w, ids = route(4, 7)
     assert layer.path(4, K) == "direct"
-    assert torch.equal(layer.forward(x, ids, w, _kernel(params["w13"], params["w2"])), _resident(weights, x, w, ids))
+    out = layer.forward(x, ids, w, kernel(params["w13"], params["w2"]))
+    assert torch.equal(out, resident_output(weights, x, w, ids))
     assert params["w13"].data.data_ptr() == layer.buf["w13"].data_ptr()  # back on the buffers afterwards
 
 
@@ -98,31 +63,31 @@ def _grouped_outputs(eo, weights, x, w, ids, calls: list[torch.Tensor] | None = 
         layer, params = _layer(eo, weights, masked=masked)
         assert layer.path(*ids.shape) == "grouped" and layer.n_groups == 3
         calls.clear()
-        outs[masked] = layer.forward(x, ids, w, _kernel(params["w13"], params["w2"], calls))
+        outs[masked] = layer.forward(x, ids, w, kernel(params["w13"], params["w2"], calls))
         assert len(calls) == 4  # the cache hits, then one pass a group
     return outs
 
 
 @pytest.mark.parametrize("n_tokens", [8, 40])
 def test_grouped_and_masked_prefill_agree_bit_for_bit_and_with_the_resident_layer(eo, weights, n_tokens) -> None:
-    x, w, ids = _route(n_tokens, n_tokens)
+    x, w, ids = route(n_tokens, n_tokens)
     calls: list[torch.Tensor] = []
     outs = _grouped_outputs(eo, weights, x, w, ids, calls)
     assert all(c.shape == (ids.numel(), 1) for c in calls)  # a top-1 view: one row per pick
     assert torch.equal(outs[False], outs[True])
     # In bfloat16 the kernel never returns a pick's float32 output, only the rounded sum of a call's picks: picks
     # of one token in different passes are rounded before they meet, so the match is within bf16 rounding.
-    torch.testing.assert_close(outs[False].float(), _resident(weights, x, w, ids).float(), atol=0.05, rtol=0.02)
+    torch.testing.assert_close(outs[False].float(), resident_output(weights, x, w, ids).float(), atol=0.05, rtol=0.02)
 
 
 def _float32_grouped_equals_resident(eo, seeds=range(3)) -> list[bool]:
     """Per seed: float32 grouped and masked prefill (top-4) equal one kernel call on all experts, bit for bit."""
-    weights = _prepacked(torch.float32)
+    weights = prepacked(torch.float32)
     equal = []
     for seed in seeds:
-        x, w, ids = _route(48, seed, top_k=4, dtype=torch.float32)
+        x, w, ids = route(48, seed, top_k=4, dtype=torch.float32)
         outs = _grouped_outputs(eo, weights, x, w, ids)
-        resident = _resident(weights, x, w, ids)
+        resident = resident_output(weights, x, w, ids)
         equal.append(torch.equal(outs[False], resident) and torch.equal(outs[True], resident))
     return equal
 
@@ -226,11 +191,11 @@ def _nearest_float32(exact: Fraction) -> float:
 
 
 def test_masked_prefill_gathers_only_the_experts_the_step_picks(eo, weights) -> None:
-    x, w, ids = _route(8, 3)
+    x, w, ids = route(8, 3)
     ids[:] = torch.tensor([5, 4], dtype=torch.int32)  # one cached, one offloaded expert (4, in group 1)
     layer, params = _layer(eo, weights, masked=True)
     layer.buf["w13"][3:].zero_()
-    layer.forward(x, ids, w, _kernel(params["w13"], params["w2"]))
+    layer.forward(x, ids, w, kernel(params["w13"], params["w2"]))
     assert torch.equal(layer.buf["w13"][3], weights[0][4])  # packed to the first staging slot
     assert not layer.buf["w13"][4].any()  # nothing else was copied
 
@@ -254,15 +219,6 @@ def test_counter_adds_picks_on_the_device_and_skips_padding(eo) -> None:
     assert counter.counts.tolist() == [0, 1, 3, 0, 0, 0, 0, 1]
 
 
-def _settings(eo, monkeypatch, **env: str):
-    for name in ("VLLM_EXPERT_OFFLOAD_CACHE", "VLLM_EXPERT_OFFLOAD_BUDGET_GIB"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("VLLM_EXPERT_OFFLOAD", "/nonexistent/hot.json")
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    return eo.settings_from_env()
-
-
 def test_offload_is_off_without_its_switch(eo, monkeypatch) -> None:
     monkeypatch.delenv("VLLM_EXPERT_OFFLOAD", raising=False)
     assert eo.settings_from_env() is None
@@ -270,24 +226,24 @@ def test_offload_is_off_without_its_switch(eo, monkeypatch) -> None:
 
 def test_a_cache_of_zero_is_refused(eo, monkeypatch) -> None:
     with pytest.raises(eo.ExpertOffloadError, match="VLLM_EXPERT_OFFLOAD_CACHE=0: a cache of zero experts"):
-        _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="0")
+        offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="0")
 
 
 def test_cache_needs_exactly_one_of_count_and_budget(eo, monkeypatch) -> None:
     with pytest.raises(eo.ExpertOffloadError, match="exactly one of"):
-        _settings(eo, monkeypatch)
+        offload_settings(eo, monkeypatch)
     with pytest.raises(eo.ExpertOffloadError, match="exactly one of"):
-        _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
+        offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
 
 
 def test_a_budget_larger_than_the_layer_is_refused(eo, monkeypatch) -> None:
-    settings = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
+    settings = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="1")
     with pytest.raises(eo.ExpertOffloadError, match="holds the whole layer of 8"):
         eo.cache_size(settings, n_experts=E, n_layers=4, expert_bytes=1 << 20)
-    count = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="8")
+    count = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="8")
     with pytest.raises(eo.ExpertOffloadError, match="VLLM_EXPERT_OFFLOAD_CACHE=8: a cache of 8 experts holds"):
         eo.cache_size(count, n_experts=E, n_layers=4, expert_bytes=1 << 20)
-    assert eo.cache_size(_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="0.01"), E, 4, 1 << 20) == 2
+    assert eo.cache_size(offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB="0.01"), E, 4, 1 << 20) == 2
 
 
 LAYERS = {f"model.layers.{i}.mlp.experts": E for i in range(4)}

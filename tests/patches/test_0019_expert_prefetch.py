@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_0014_expert_offload import HOT, K, _kernel, _prepacked, _resident, _route, _settings
+from testing.moe_offload import HOT, K, kernel, offload_settings, prepacked, resident_output, route
 
 CACHE, STAGING, PREFETCH = 3, 2, 2
 CACHED = set(HOT[:CACHE])
@@ -48,17 +48,17 @@ def _expected_hits(steps: list[list[int]]) -> tuple[int, int]:
 
 
 def test_prefetched_chain_equals_the_resident_layers_and_counts_its_hits(eo) -> None:
-    weights = _prepacked(torch.bfloat16)
+    weights = prepacked(torch.bfloat16)
     layers, params = _chain(eo, weights, 3, PREFETCH)
     assert params[0]["w13"].shape[0] == CACHE + PREFETCH + STAGING  # [cache | prefetch | staging]
     for step, picks in enumerate(STEPS):
         for i, (layer, p) in enumerate(zip(layers, params)):
-            x, w, _ = _route(1, 10 * step + i)
+            x, w, _ = route(1, 10 * step + i)
             ids = torch.tensor([picks], dtype=torch.int32)
             calls: list[torch.Tensor] = []
-            out = layer.forward(x, ids, w, _kernel(p["w13"], p["w2"], calls))
+            out = layer.forward(x, ids, w, kernel(p["w13"], p["w2"], calls))
             assert len(calls) == 1 and layer.path(1, K) == "staged"
-            assert torch.equal(out, _resident(weights, x, w, ids)), (step, i)
+            assert torch.equal(out, resident_output(weights, x, w, ids)), (step, i)
     # The first layer has no layer before it to fill its area; the others hit exactly what the prediction says.
     hits, staged = _expected_hits(STEPS)
     assert hits > 0 and staged > 0
@@ -72,13 +72,13 @@ def test_prefetched_chain_equals_the_resident_layers_and_counts_its_hits(eo) -> 
 
 def test_prefill_with_prefetch_on_is_the_prefill_without(eo) -> None:
     """Grouped prefill neither prefetches nor reads the area; its staging slots moved behind it."""
-    weights = _prepacked(torch.bfloat16)
-    x, w, ids = _route(8, 8)
+    weights = prepacked(torch.bfloat16)
+    x, w, ids = route(8, 8)
     outs = []
     for prefetch in (0, PREFETCH):
         layers, params = _chain(eo, weights, 2, prefetch)
         assert layers[1].path(*ids.shape) == "grouped"
-        outs.append(layers[1].forward(x, ids, w, _kernel(params[1]["w13"], params[1]["w2"])))
+        outs.append(layers[1].forward(x, ids, w, kernel(params[1]["w13"], params[1]["w2"])))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -94,22 +94,23 @@ def test_prefetch_without_offload_stops_the_boot(eo, monkeypatch) -> None:
 
 def test_a_negative_prefetch_is_refused(eo, monkeypatch) -> None:
     with pytest.raises(eo.ExpertOffloadError, match="^VLLM_EXPERT_OFFLOAD_PREFETCH=-1: give the prefetch slots"):
-        _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_PREFETCH="-1")
+        offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_PREFETCH="-1")
 
 
 def test_a_prefetch_area_past_the_offloaded_experts_is_refused(eo) -> None:
     with pytest.raises(eo.ExpertOffloadError, match="^VLLM_EXPERT_OFFLOAD_PREFETCH=6: more prefetch slots than "
                                                     "layer layers.0's 5 offloaded experts"):
-        _chain(eo, _prepacked(torch.bfloat16), 1, 6)
+        _chain(eo, prepacked(torch.bfloat16), 1, 6)
 
 
 def test_the_prefetch_areas_come_out_of_the_budget(eo, monkeypatch) -> None:
     mib = 1 << 20
-    settings = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB=str(16 / 1024),
+    settings = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB=str(16 / 1024),
                          VLLM_EXPERT_OFFLOAD_PREFETCH="2")
     assert settings.prefetch == 2
     assert eo.cache_size(settings, n_experts=8, n_layers=4, expert_bytes=mib) == 2  # (16 - 4 x 2) MiB / 4 layers
-    over = _settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB=str(8 / 1024), VLLM_EXPERT_OFFLOAD_PREFETCH="2")
+    over = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_BUDGET_GIB=str(8 / 1024),
+                            VLLM_EXPERT_OFFLOAD_PREFETCH="2")
     with pytest.raises(eo.ExpertOffloadError, match=r"^VLLM_EXPERT_OFFLOAD_PREFETCH=2: the prefetch areas \(4 "
                                                     r"layers x 2 x 1.0 MiB = 0.01 GiB\) take all of "
                                                     r"VLLM_EXPERT_OFFLOAD_BUDGET_GIB=0.0078125"):
