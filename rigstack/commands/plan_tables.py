@@ -21,9 +21,17 @@ def _need_vllm(what: str, command: str) -> None:
                         f"`{serving_python() or 'the serving interpreter'} -m rigstack {command}`")
 
 
-def published(refit: bool = typer.Option(False, "--fit", help="refit the two constants on their cases first")) -> None:
+def published(refit: bool = typer.Option(False, "--fit", help="refit the two constants on their cases first"),
+              held_out: bool = typer.Option(False, "--held-out", help="fixed_gib fitted on every measured case "
+                                            "jointly, and each case planned with the fit that left it out")) -> None:
     """The seeds' published pools against the plan: the README's table."""
     _need_vllm("the published pools", "plan-published")
+    if held_out:
+        from rigstack.output.planner import show_held_out
+        from rigstack.planner import heldout
+
+        show_held_out(heldout.fit())
+        return
     from rigstack.output.planner import show_published
     from rigstack.planner.core import RESERVE
     from rigstack.planner.published import SEED001_UTIL, fit, table

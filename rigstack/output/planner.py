@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rigstack.atomic import replacing
 from rigstack.errors import UserError
 from rigstack.planner.core import Reserve
+
+if TYPE_CHECKING:
+    from rigstack.planner.heldout import Fit
 
 
 def show_plan(plan: dict[str, Any], png: Path, as_json: bool) -> None:
@@ -50,6 +53,25 @@ def published_lines(rows: list[dict[str, Any]]) -> list[str]:
 def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) -> None:
     print(f"reserve: {reserve}; seed 001 utilisation {util}")
     print("\n".join(published_lines(rows)))
+
+
+HELD_OUT_HEADER = ("| case held out | published | planned (fit on the others) | fixed_gib of that fit | ratio | "
+                   "GiB a card |")
+
+
+def held_out_lines(fit: Fit) -> list[str]:
+    """The held-out table (planner.heldout): each measured case planned with fixed_gib fitted on the others."""
+    low, high = fit.ratio_spread
+    lines = [f"fixed_gib on all {len(fit.held_out)} measured cases jointly: {fit.fixed_gib:.3f}; held out: ratio "
+             f"{low:.3f} to {high:.3f}, root mean square {fit.error_bar_gib:.2f} GiB a card (the error bar)",
+             HELD_OUT_HEADER, "|---|---:|---:|---:|---:|---:|"]
+    lines += [f"| {h.case} | {h.published:,} | {h.planned:,} | {h.fixed_gib:.3f} | {h.ratio:.3f} | "
+              f"{h.error_gib:+.2f} |" for h in fit.held_out]
+    return lines
+
+
+def show_held_out(fit: Fit) -> None:
+    print("\n".join(held_out_lines(fit)))
 
 
 SHIPPED_HEADER = ("| profile | seed | PP x TP | partition | pool on the pin | starts | `--search` finds | pool | "
