@@ -54,7 +54,7 @@ PRINTING_ENTRY_POINTS = {
     "rigstack/bench/cond_copy_probe.py": "GPU probe, live lines",
     "rigstack/bench/moe_chain.py": "GPU bench, a line per point as it is timed",
     "scripts/bench_moe_chain.py": "GPU bench: the README's table from the bench's JSON is its whole output",
-    "scripts/bench_apply.py": "bench: its four timing lines are its whole output",
+    "scripts/bench_apply.py": "bench: its timing lines are its whole output",
     "scripts/bench_twins.py": "bench: its table and its JSON line are its whole output",
     "scripts/make_tiny_model.py": "prints the model's folder alone, for $(...) in shell scripts",
 }
