@@ -23,8 +23,8 @@ def _row(start: str) -> str:
 
 
 def test_the_apply_benchmark_row_counts_the_stack() -> None:
-    row = _row("| apply: naive reproduce block / apply.py cold |")
-    assert int(re.search(r"the stack has (\d+) now", row).group(1)) == len(load_stack().patches), row
+    row = _row("| apply: naive reproduce block / apply.py")
+    assert int(re.search(r"GPU wheel and (\d+) patches", row).group(1)) == len(load_stack().patches), row
 
 
 def test_the_image_row_counts_the_files_the_stack_lays() -> None:
