@@ -13,7 +13,7 @@ import pytest
 from rigstack.cache import cache_dir
 from testing.patches import PatchMaker
 
-pytest_plugins = ["testing.server", "testing.imports"]
+pytest_plugins = ["testing.server", "testing.imports", "testing.serial", "testing.skips"]
 
 # Resolved once, before any test moves HOME: downloads (wheels, tiny models) are shared across runs and with CI.
 REAL_CACHE = cache_dir()

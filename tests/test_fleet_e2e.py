@@ -39,7 +39,7 @@ LATENCY_ROUNDS = 200
 OUT_OF_ROTATION_LIMIT_S = 60.0
 REJOIN_ROUNDS = 5  # rounds of 8 requests through each gateway for the resumed replica to get one
 # The shared boot (three engines one after another, two routers, the gateway) is set up inside the first test.
-pytestmark = pytest.mark.timeout(2700)
+pytestmark = [pytest.mark.timeout(2700), pytest.mark.usefixtures("memory_hungry")]
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
 

@@ -24,6 +24,8 @@ from rigstack.profiles import Host, load_profile
 from testing.net import free_port
 from testing.server import server_env
 
+pytestmark = pytest.mark.usefixtures("memory_hungry")  # testing/serial.py: not beside the fleet
+
 HEAD, WORKER = "10.77.0.1", "10.77.0.2"  # cpu-tiny-2hosts-pp2's addresses
 NEED_GIB = 5.0
 REFUSAL = "current platform cpu does not support ray"

@@ -22,6 +22,8 @@ from rigstack.preflight.host import meminfo
 from testing.net import free_port
 from testing.server import server_env
 
+pytestmark = pytest.mark.usefixtures("memory_hungry")  # testing/serial.py: not beside the fleet
+
 ROOT = Path(__file__).resolve().parent.parent
 NEED_GIB = 7.0  # two servers of about 2.5 GiB and the router, with room to spare on a shared box
 LOAD = 24  # requests of the bounded load during which a replica is killed
