@@ -18,6 +18,7 @@ from rigstack.planner import kv, weights
 from rigstack.planner.config import shape_known
 from rigstack.planner.core import Request, plan
 from rigstack.planner.profile_plan import plan_for
+from rigstack.planner.verdict import judge
 from rigstack.profiles import load_profile, model_dir
 
 LOGGED_POOL = re.compile(r"KV cache size: ([\d,]+) tokens")
@@ -127,8 +128,8 @@ def _unswitched(tmp_path: Path) -> Path:
     """Seed 003's PP8 on the pin without the stack's switches (VLLM_SWA_OWN_POOL off, vLLM's 512 MiB logits
     sentinel), in its own layout: vLLM 0.34.0 refuses it."""
     return profile_file(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
-                                  "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nparallel:\n  partition: [" +
-                        SEED003_PP8.replace(",", ", ") + "]\n", "unswitched")
+                                  "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nvllm:\n  max-model-len: 1048576\n"
+                                  "parallel:\n  partition: [" + SEED003_PP8.replace(",", ", ") + "]\n", "unswitched")
 
 
 def _seed_case(label: str) -> object:
@@ -148,9 +149,12 @@ def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
     assert len(result["stages"]) == 8 and result["stages"][0]["layers"] == 11
     # The same rig one card wider, at the seed's 0.93, starts when the drafter's KV is held apart.
     assert plan(Request(_seed_case("seed 003 PP9, 0.93"), drafter_kv="own")).starts
-    # The shipped profile starts: the drafter's window kept (patch 0016) and the indexer's logits sentinel halved.
-    shipped = plan(Request(load_profile("glm53-cmp170hx-pp8")))
-    assert shipped.starts and shipped.pool_tokens >= 1_048_576
+    # The shipped profile (the drafter's window kept by patch 0016, the indexer's logits sentinel halved) would still
+    # be refused at 1M with the joint fit of fixed_gib; at its shipped 640k it starts past the error bar.
+    profile = load_profile("glm53-cmp170hx-pp8")
+    assert not plan(Request(profile, max_model_len=1_048_576)).starts
+    shipped = plan(Request(profile))
+    assert shipped.max_model_len == 655_360 and judge(shipped).value == "starts"
 
 
 # --- the DFlash drafter's KV ------------------------------------------------------------------------------------
@@ -442,7 +446,7 @@ def test_search_prints_the_refusal_once(tmp_path: Path) -> None:
 
     shown = report.text(plan_for(str(_unswitched(tmp_path)), search_partition=True))
     assert shown.count("To serve at least one request") == 1
-    assert "the given 11,10,10,10,10,10,9,8 375,296 (refused, stages" in shown
+    assert "the given 11,10,10,10,10,10,9,8 360,832 (refused, stages" in shown
 
 
 def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path, tmp_path: Path) -> None:
@@ -605,9 +609,10 @@ def test_offload_short_of_host_ram_is_refused(tmp_path: Path) -> None:
                             "(hardware.host_ram_gib)"
     from rigstack.output import planner as report
 
-    shown = report.text({**short.to_json(), "target_sessions": 1.0})
+    shown = report.text(plan_for(str(path)))
     assert "host RAM, pinned for offloaded experts: stage 0 159.5 GiB; 159.5 GiB in all of the rig's 128" in shown
     assert "does not start: host RAM" in shown and "_check_enough_kv_cache_memory" not in shown
+    assert "verdict: refused: host RAM" in shown
 
 
 @pytest.mark.parametrize(("text", "words"), [

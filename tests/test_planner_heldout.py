@@ -39,3 +39,15 @@ def test_the_error_bar_is_the_spread_of_the_held_out_errors() -> None:
     # the figure a seed's owner published is a measured pool; seed 004's cap is not fitted on
     assert all("--max-total-tokens" not in case.compared for case in heldout.measured_cases())
     assert len(heldout.measured_cases()) == len(CASES) - 1
+
+
+def test_the_shipped_constant_and_error_bar_are_the_joint_fits() -> None:
+    """core.RESERVE ships the joint fit over every measured case, and verdict.ERROR_BAR_GIB its held-out spread: a
+    change to the model that moves either is a refit to make and say (README, "Capacity planner")."""
+    from rigstack.planner.core import RESERVE
+    from rigstack.planner.verdict import ERROR_BAR_GIB
+
+    fit = heldout.fit()
+    # The joint fit is a fixed point to a few thousandths: each case's error moves with block rounding.
+    assert fit.fixed_gib == pytest.approx(RESERVE.fixed_gib, abs=0.005)
+    assert round(fit.error_bar_gib, 2) == ERROR_BAR_GIB

@@ -1,6 +1,6 @@
 """The seeds' published pools against the planner (python -m rigstack plan-published): every row's ratio in the
-band the README gives it, the two fitted constants being what --fit finds, and the README's table the tool's own,
-cell by cell (issue 26 item 5)."""
+band the README gives it (no row is fitted on: fixed_gib is fitted on them all jointly, planner.heldout), the
+README's table the tool's own, cell by cell (issue 26 item 5), and every shipped GPU profile's verdict `starts`."""
 
 from __future__ import annotations
 
@@ -8,23 +8,22 @@ import pytest
 
 from rigstack.output.planner import PUBLISHED_HEADER, SHIPPED_HEADER, published_lines, shipped_lines
 from rigstack.planner import published, shipped
-from rigstack.planner.core import RESERVE
 from rigstack.versions import REPO_ROOT
 
-# Each row's band for planned / published, as README's "Capacity planner" states it: the fit cases within 1%
-# (their constants are kept to 3 decimals), the predictions it calls within 5% within 5%, and each miss in the
-# band of the reason README gives for it.
+# Each row's band for planned / published, as README's "Capacity planner" states it. No row is a fit case (fixed_gib
+# is fitted on them all jointly), so each band is a prediction's, with the reason README gives for its miss.
 BANDS = {
-    "seed 003 PP8, 0.96": (0.99, 1.01),  # fit: fixed_gib (to 3 decimals)
+    "seed 003 PP8, 0.96": (0.90, 1.00),  # the joint fit takes 0.35 GiB a card more than the single-case one did
     "seed 003 PP9, 0.93": (0.95, 1.05),
     "seed 003 PP10, 0.93": (1.15, 1.30),  # "about 2.09M" is the author's older 10-card run
     "seed 002 8 cards NVFP4": (1.05, 1.20),  # its engine held about 2.2 GiB more non-KV memory per stage
     "seed 002 6 cards AWQ, prefix caching": (1.80, 2.10),  # "about 3.2M", "roughly 2 concurrent 1M requests"
-    "seed 001 FP8 weights, bf16 KV": (0.99, 1.01),  # fit: the seed's utilisation (to 3 decimals)
-    "seed 001 + FP8 KV": (0.95, 1.05),
-    "seed 001 + MTP k=3": (1.10, 1.25),  # the seed's early MTP cache was not yet aliased
-    "seed 001 + FP8 linear attention": (1.10, 1.25),  # the same step's cache, one step later
-    "seed 001 + 4-bit experts": (0.95, 1.05),
+    # Seed 001 at the assumed 0.92 (its engine's default; the seed gives none): all under, by the same 2 GiB a card
+    "seed 001 FP8 weights, bf16 KV": (0.30, 0.40),
+    "seed 001 + FP8 KV": (0.30, 0.40),
+    "seed 001 + MTP k=3": (0.10, 0.20),  # and the seed's early MTP cache was not yet aliased
+    "seed 001 + FP8 linear attention": (0.28, 0.40),  # the same step's cache, one step later
+    "seed 001 + 4-bit experts": (0.80, 0.90),
     "seed 004 TP2 replica": (0.95, 2.0),  # SGLang's --max-total-tokens is a cap: at least it, a replica
 }
 
@@ -39,13 +38,6 @@ def test_every_published_row_is_in_its_band(rows: list[dict]) -> None:
     outside = {row["case"]: round(row["ratio"], 3) for row in rows
                if not BANDS[row["case"]][0] <= row["ratio"] <= BANDS[row["case"]][1]}
     assert not outside, outside
-
-
-def test_the_fitted_constants_are_what_the_fit_finds() -> None:
-    """fixed_gib and seed 001's utilisation are refitted from scratch on their cases and must come back as the
-    constants the planner ships (a change to the model that moves them is a refit to make and say)."""
-    reserve, util = published.fit()
-    assert (reserve.fixed_gib, util) == (RESERVE.fixed_gib, published.SEED001_UTIL)
 
 
 def _cells(line: str) -> list[str]:
@@ -87,10 +79,7 @@ def test_no_shipped_profile_has_a_partition_the_search_beats(shipped_rows: list[
     assert not beaten, beaten
 
 
-def test_seed001s_rig_profile_runs_at_the_seeds_fitted_utilisation() -> None:
-    """The seed publishes no utilisation: the L40 profile takes the one the fit finds (and README states), so the
-    two cannot drift apart."""
-    from rigstack.profiles import load_profile
-
-    assert load_profile("l40-8x-tp8").vllm["gpu-memory-utilization"] == published.SEED001_UTIL
-
+def test_no_shipped_gpu_profile_is_marginal_or_refused(shipped_rows: list[dict]) -> None:
+    """Issue 38 item 2: every shipped GPU profile starts with more room than the planner's error bar."""
+    judged = {row["profile"]: (row["verdict"], round(row["margin_gib"], 2)) for row in shipped_rows}
+    assert all(verdict == "starts" for verdict, _ in judged.values()), judged

@@ -1,6 +1,6 @@
 """The README's planner tables, planned with vLLM's own code (run by the serving interpreter):
 
-    python -m rigstack plan-published [--fit]   the seeds' published KV pools against the plan
+    python -m rigstack plan-published [--held-out]   the seeds' published KV pools against the plan
     python -m rigstack plan-shipped             every shipped GPU profile on the pin and the search's partition
 """
 
@@ -21,8 +21,7 @@ def _need_vllm(what: str, command: str) -> None:
                         f"`{serving_python() or 'the serving interpreter'} -m rigstack {command}`")
 
 
-def published(refit: bool = typer.Option(False, "--fit", help="refit the two constants on their cases first"),
-              held_out: bool = typer.Option(False, "--held-out", help="fixed_gib fitted on every measured case "
+def published(held_out: bool = typer.Option(False, "--held-out", help="fixed_gib fitted on every measured case "
                                             "jointly, and each case planned with the fit that left it out")) -> None:
     """The seeds' published pools against the plan: the README's table."""
     _need_vllm("the published pools", "plan-published")
@@ -34,10 +33,9 @@ def published(refit: bool = typer.Option(False, "--fit", help="refit the two con
         return
     from rigstack.output.planner import show_published
     from rigstack.planner.core import RESERVE
-    from rigstack.planner.published import SEED001_UTIL, fit, table
+    from rigstack.planner.published import table
 
-    reserve, util = fit() if refit else (RESERVE, SEED001_UTIL)
-    show_published(reserve, util, table(reserve, util))
+    show_published(RESERVE, table())
 
 
 def shipped() -> None:

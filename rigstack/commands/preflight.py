@@ -98,7 +98,8 @@ def plan(
     png: Path | None = typer.Option(None, help="chart path (default: results/plan/PROFILE.png)"),
     json_out: bool = typer.Option(False, "--json", help="the plan as JSON on stdout"),
 ) -> None:
-    """Plan the KV pool vLLM will size for a profile, per stage, with vLLM's own code; exit 2 if it would refuse."""
+    """Plan the KV pool vLLM will size for a profile, per stage, with vLLM's own code, and judge it against the
+    planner's error bar (starts / marginal / refused); exit 2 if refused."""
     from rigstack.output.planner import check_chart_path, show_plan
     from rigstack.planner import default_png, plan_dict
 
@@ -106,5 +107,5 @@ def plan(
     result = plan_dict(profile, pp=pp, tp=tp, partition=partition, util=util, max_model_len=max_model_len,
                        max_num_seqs=max_num_seqs, model=str(model) if model else None, search_partition=search)
     show_plan(result, png or default_png(profile), json_out)
-    raise typer.Exit(0 if result["starts"] else 2)
+    raise typer.Exit(2 if result["verdict"]["value"] == "refused" else 0)
 

@@ -38,20 +38,18 @@ def published_lines(rows: list[dict[str, Any]]) -> list[str]:
     lines = [PUBLISHED_HEADER, "|---|---:|---:|---:|---:|---|---|"]
     for row in rows:
         about = "about " if row["approximate"] else ""
-        mark = f" (fit: {row['fit']})" if row["fit"] else ""
         what = f" ({row['compared']})" if row["compared"] else ""
         own = {"own": " (drafter KV apart)", "sidecar": " (drafter sidecar ids)"}.get(row["drafter_kv"], "")
         pin = ""
         if row["pin_tokens"] is not None:
-            verdict = "starts" if row["pin_starts"] else "refused"
-            pin = f"{row['profile']}: {row['pin_tokens']:,}, {row['pin_ratio']:.3f}, {verdict}"
-        lines.append(f"| {row['case']}{mark}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
+            pin = f"{row['profile']}: {row['pin_tokens']:,}, {row['pin_ratio']:.3f}, {row['pin_verdict']}"
+        lines.append(f"| {row['case']}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
                      f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
     return lines
 
 
-def show_published(reserve: Reserve, util: float, rows: list[dict[str, Any]]) -> None:
-    print(f"reserve: {reserve}; seed 001 utilisation {util}")
+def show_published(reserve: Reserve, rows: list[dict[str, Any]]) -> None:
+    print(f"reserve: {reserve} (fitted on every measured case jointly: plan-published --held-out)")
     print("\n".join(published_lines(rows)))
 
 
@@ -74,8 +72,8 @@ def show_held_out(fit: Fit) -> None:
     print("\n".join(held_out_lines(fit)))
 
 
-SHIPPED_HEADER = ("| profile | seed | PP x TP | partition | pool on the pin | starts | `--search` finds | pool | "
-                  "starts |")
+SHIPPED_HEADER = ("| profile | seed | PP x TP | partition | pool on the pin | verdict (margin, GiB a card) | "
+                  "`--search` finds | pool | verdict |")
 
 
 def shipped_lines(rows: list[dict[str, Any]]) -> list[str]:
@@ -86,10 +84,10 @@ def shipped_lines(rows: list[dict[str, Any]]) -> list[str]:
         same = row["found_partition"] == row["partition"]
         found = ("the same", "", "") if same else (",".join(map(str, row["found_partition"])),
                                                     f"{row['found_pool_tokens']:,}",
-                                                    "yes" if row["found_starts"] else "no")
+                                                    row["found_verdict"])
         lines.append(f"| {row['profile']} | {row['seed'] or ''} | PP{row['pp']} x TP{row['tp']} | "
                      f"{','.join(map(str, row['partition']))} | {row['pool_tokens']:,} | "
-                     f"{'yes' if row['starts'] else 'no'} | {' | '.join(found)} |")
+                     f"{row['verdict']} ({row['margin_gib']:+.2f}) | {' | '.join(found)} |")
     return lines
 
 
@@ -129,6 +127,16 @@ def _stages_named(indices: list[int]) -> str:
     return ("stage " if len(indices) == 1 else "stages ") + ", ".join(map(str, indices))
 
 
+def _error_bar(plan: dict[str, Any]) -> str:
+    """The pool's error bar in tokens: the planner's GiB a card on the binding stage, at that stage's bytes a token."""
+    bar = plan["verdict"]["error_bar_gib"]
+    stage = plan["stages"][plan["binding_stage"]]
+    if not bar or not stage["bytes_per_block"]:
+        return ""
+    tokens = bar * 2**30 * plan["block_size"] / stage["bytes_per_block"]
+    return f" ± {tokens:,.0f} (the planner's error bar, ± {bar:.2f} GiB a card)"
+
+
 def _verdict(plan: dict[str, Any]) -> str:
     if not plan.get("host_fits", True):
         return f"does not start: {plan['refusal']}"
@@ -160,9 +168,9 @@ def text(plan: dict[str, Any]) -> str:
              f"partition {','.join(map(str, plan['partition']))}, KV {plan['kv_cache_dtype']}, "
              f"block {plan['block_size']:,} tokens, groups {', '.join(plan['groups'])}",
              f"weights: {plan['weights_source']}", *_stage_lines(plan),
-             f"pool: {plan['pool_tokens']:,} tokens ({plan['pool_blocks']:,} blocks, the fewest any stage holds: "
-             f"stage {plan['binding_stage']}'s); {plan['sessions']:.2f} requests of {plan['max_model_len']:,} "
-             f"tokens fit (target {plan['target_sessions']:g})"]
+             f"pool: {plan['pool_tokens']:,} tokens{_error_bar(plan)} ({plan['pool_blocks']:,} blocks, the fewest "
+             f"any stage holds: stage {plan['binding_stage']}'s); {plan['sessions']:.2f} requests of "
+             f"{plan['max_model_len']:,} tokens fit (target {plan['target_sessions']:g})"]
     if plan.get("host_gib"):
         have = plan.get("host_ram_gib")
         lines.append("host RAM, pinned for offloaded experts: "
@@ -170,9 +178,15 @@ def text(plan: dict[str, Any]) -> str:
                      + f" GiB; {plan['host_gib']:.1f} GiB in all"
                      + (f" of the rig's {have:g}" if have is not None else " (no hardware.host_ram_gib to check)"))
     lines.append(_verdict(plan))
+    verdict = plan["verdict"]
+    lines.append(f"verdict: {verdict['value']}: {verdict['why']}")
+    lines += [f"unchecked: {item}" for item in verdict["unchecked"]]
     backend = plan.get("attention_backend")
     if backend:
         picked = backend["picked"] or "no valid attention backend among those checkable here"
+        if backend.get("forced"):
+            picked = f"{backend['forced']}, the profile's attention-backend" + ("" if backend["picked"] else
+                                                                               ": not valid here")
         above = backend["outranked_by_unchecked"]
         lines.append(f"attention backend (vLLM's CUDA selector): {picked}"
                      + (f", unless one of {', '.join(above)} (ranked higher, not importable here) accepts" if above
@@ -217,7 +231,7 @@ def write_png(plan: dict[str, Any], path: Path) -> Path:
     if plan["util"] is not None:
         axes.axhline(plan["memory_gib"] * plan["util"], color="black", linestyle="--", linewidth=1,
                      label=f"{plan['memory_gib']:g} GiB x {plan['util']:g}")
-    verdict = "starts" if plan["starts"] else "vLLM refuses to start"
+    verdict = plan["verdict"]["value"]
     axes.set_title(f"{plan['profile']}: pool {plan['pool_tokens']:,} tokens, stage {plan['binding_stage']} binds, "
                    f"{verdict}", fontsize=9)
     axes.set_ylabel("GiB per card")

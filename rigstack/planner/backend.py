@@ -35,9 +35,11 @@ def _cuda_platform() -> Any:
 
 
 def select(capability: float, head_size: int, kv_cache_dtype: str, block_size: int, num_heads: int,
-           use_mla: bool, use_sparse: bool) -> dict[str, Any]:
+           use_mla: bool, use_sparse: bool, forced: str | None = None) -> dict[str, Any]:
     """{"picked": name or None, "valid": [...], "invalid": {name: reasons}, "unchecked": {name: reasons},
-    "outranked_by_unchecked": [...]}: the picked one holds unless an unchecked, higher-ranked backend accepts."""
+    "outranked_by_unchecked": [...], "forced": name or None}: the picked one holds unless an unchecked,
+    higher-ranked backend accepts. With `forced` (the profile's --attention-backend) vLLM ranks nothing: that
+    backend is picked if valid, and only it can be unchecked."""
     import torch
     from vllm.platforms.interface import DeviceCapability
     from vllm.v1.attention.selector import AttentionSelectorConfig
@@ -48,11 +50,16 @@ def select(capability: float, head_size: int, kv_cache_dtype: str, block_size: i
     valid, invalid = _cuda_platform().get_valid_backends(DeviceCapability(major, minor), config, num_heads=num_heads)
     checked, unchecked, ranks = {}, {}, {}
     for backend, (rank, reasons) in invalid.items():
-        missing = any(word in reason for reason in reasons for word in _UNAVAILABLE)
+        # Unchecked only if every reason is missing code: one about the configuration rules it out anyway.
+        missing = all(any(word in reason for word in _UNAVAILABLE) for reason in reasons)
         (unchecked if missing else checked)[backend.name] = reasons
         ranks[backend.name] = rank
     ranked = sorted(valid, key=lambda candidate: candidate.priority)
+    names = [c.backend.name for c in ranked]
+    if forced:
+        return {"picked": forced if forced in names else None, "valid": names, "invalid": checked,
+                "unchecked": {forced: unchecked[forced]} if forced in unchecked else {},
+                "outranked_by_unchecked": [], "forced": forced}
     top = ranked[0].priority if ranked else len(ranks) + len(valid)
-    return {"picked": ranked[0].backend.name if ranked else None, "valid": [c.backend.name for c in ranked],
-            "invalid": checked, "unchecked": unchecked,
-            "outranked_by_unchecked": [name for name in unchecked if ranks[name] < top]}
+    return {"picked": names[0] if names else None, "valid": names, "invalid": checked, "unchecked": unchecked,
+            "outranked_by_unchecked": [name for name in unchecked if ranks[name] < top], "forced": None}

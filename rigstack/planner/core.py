@@ -40,10 +40,10 @@ class Reserve:
     CUDA-graph pool, which vLLM measures after capture) plus the profile run's scratch as vLLM's own shape
     functions size it (planner.scratch): the larger of the fused-MoE workspaces and the sparse-MLA workspaces,
     because vLLM's WorkspaceManager serves both from one shared allocation, plus the allocations beside it (the
-    indexer's logits sentinel; the runner's buffers on that stage). fixed_gib is the one fitted constant
-    (published.fit); README, "Capacity planner", says on which case."""
+    indexer's logits sentinel; the runner's buffers on that stage). fixed_gib is the one fitted constant, fitted on
+    every measured published case jointly (planner.heldout); README, "Capacity planner", gives its held-out error."""
 
-    fixed_gib: float = 1.725  # fitted on seed 003 PP8 (python -m rigstack plan-published --fit)
+    fixed_gib: float = 2.077  # python -m rigstack plan-published --held-out
 
     def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
         return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
@@ -72,6 +72,8 @@ class Stage:
     holds_one: bool  # this stage's own startup check passes
     own_pool_gib: float = 0.0  # its sliding-window layers' pool of their own (VLLM_SWA_OWN_POOL, patch 0016)
     host_gib: float = 0.0  # pinned host RAM for this stage's offloaded experts (patch 0014; planner.offload)
+    # The startup check's room: KV budget less its own pools and the null block, less one request (negative: short).
+    margin_gib: float = 0.0
 
 
 @dataclass
@@ -377,7 +379,8 @@ def _stages(target: Target, budget: Budget, kv: KvResult) -> list[Stage]:
             blocks=kv.num_blocks[i],
             tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0,
             pool_gib=kv.pool_blocks * per_block / GIB, request_gib=kv.needed[i] / GIB, holds_one=i not in kv.short,
-            own_pool_gib=kv.own_pool[i] / GIB, host_gib=budget.host[i]))
+            own_pool_gib=kv.own_pool[i] / GIB, host_gib=budget.host[i],
+            margin_gib=(budget.available[i] - kv.own_pool[i] - per_block - kv.needed[i]) / GIB))
     return stages
 
 
@@ -389,7 +392,8 @@ def _backend(target: Target, block_size: int) -> dict[str, Any] | None:
     from rigstack.planner.backend import select
 
     return select(hardware.compute_capability, text.kv_lora_rank + text.qk_rope_head_dim,
-                  target.setup.kv_cache_dtype, block_size, text.num_attention_heads // target.tp, True, True)
+                  target.setup.kv_cache_dtype, block_size, text.num_attention_heads // target.tp, True, True,
+                  _flag(target.profile, "attention-backend", None))
 
 
 def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:

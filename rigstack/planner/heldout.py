@@ -5,7 +5,9 @@ buffers, the CUDA-graph pool) is the planner's one fitted constant. Here it is f
 logged a pool (seed 004's figure is a cap it set, not a pool, and is left out) jointly, and each case is planned
 with the constant fitted on the others: that held-out error, in tokens and in GiB a card on the binding stage, is
 what a plan of a rig nobody measured can be expected to miss by. Seed 001 published no utilisation: its cases are
-planned at the default of the vLLM it ran (0.92, CacheConfig in 0.30-0.31), an assumption, never a fit.
+planned at the default of the vLLM it ran (published.SEED001_ENGINE_UTIL), an assumption, never a fit. The joint
+fit is the planner's shipped core.RESERVE, and the error bar is planner.verdict's ERROR_BAR_GIB (the test of this
+module recomputes both).
 
 The fit is in GiB a card: raising fixed_gib by d takes d GiB from every stage's KV budget, so a case's error in GiB
 moves by -d (to a block's rounding), and the least-squares constant is the current one plus the mean error.
@@ -19,10 +21,6 @@ from dataclasses import dataclass, replace
 
 from rigstack.planner.core import GIB, RESERVE, Plan, Reserve
 from rigstack.planner.published import CASES, Case, case_plan
-
-# What seed 001's engine ran with: it set no --gpu-memory-utilization, and vLLM 0.31's CacheConfig defaults to 0.92.
-SEED001_ENGINE_UTIL = 0.92
-
 
 @dataclass(frozen=True)
 class HeldOut:
@@ -55,8 +53,7 @@ def measured_cases() -> tuple[Case, ...]:
 
 
 def _plan(case: Case, fixed_gib: float) -> Plan:
-    util = SEED001_ENGINE_UTIL if case.profile == "l40-8x-tp8" else None
-    return case_plan(case, replace(RESERVE, fixed_gib=fixed_gib), util)
+    return case_plan(case, replace(RESERVE, fixed_gib=fixed_gib))
 
 
 def error_gib(plan: Plan, published: int) -> float:

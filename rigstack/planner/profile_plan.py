@@ -4,12 +4,14 @@ What `python -m rigstack.planner` prints and rigstack.planner.plan_dict returns.
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from rigstack.errors import UserError
 from rigstack.planner.core import Request, plan
-from rigstack.planner.search import search
+from rigstack.planner.search import longest_start, search
+from rigstack.planner.verdict import judge
 from rigstack.profiles import Profile, load_profile
 
 
@@ -29,14 +31,18 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                       util=util, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                       model=Path(model) if model else None, kv_space_gib=kv_space_gib)
     given = plan(request)
+    verdict = judge(given)
+    if verdict.value == "marginal" or (not given.starts and given.host_fits):
+        verdict = judge(given, longest_start(request))  # a bisection of full plans: only where it is a lever
     result = given.to_json()
     if search_partition:
         found = search(request)
-        result = found.to_json()
+        result, verdict = found.to_json(), judge(found)
         result["search"] = {"given_partition": given.partition, "given_pool_tokens": given.pool_tokens,
                             "given_starts": given.starts, "given_refusal_stage": given.refusal_stage,
                             "given_short_stages": given.short_stages, "found_partition": found.partition,
                             "found_pool_tokens": found.pool_tokens}
+    result["verdict"] = asdict(verdict)
     result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
     return result
 

@@ -1,6 +1,7 @@
-"""The seeds' published KV pools against the planner: `python -m rigstack plan-published [--fit]` (serving
-interpreter) prints the README's table; --fit refits the two constants on the cases marked fit (fixed_gib on seed
-003 PP8, seed 001's utilisation on its first row); every other row is a prediction.
+"""The seeds' published KV pools against the planner: `python -m rigstack plan-published` (serving interpreter)
+prints the README's table. The planner's one fitted constant, fixed_gib, is fitted on all the measured cases jointly
+(planner.heldout, `plan-published --held-out`, which also plans each case with the fit that left it out); no
+constant is fitted on a single case, and a profile's utilisation is never a fitted value.
 
 Each case is a profile plus the changes that make it the configuration the seed measured (deep-merged over the
 profile, as `extends:` would).
@@ -8,10 +9,11 @@ profile, as `extends:` would).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
+from rigstack.planner.verdict import judge
 from rigstack.profiles import Profile, load_profile, merge
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
@@ -22,17 +24,20 @@ _FP8 = {"routed_experts": 8, "shared_experts": 8, "dense_mlp": 8, "router": 16, 
 _EXL3_BITS = 8 * 23 / 39
 
 
-# Seed 001 publishes no gpu-memory-utilization: fitted on its first row (--fit), the other four rows predicted.
-SEED001_UTIL = 0.958
+# Seed 001 publishes no gpu-memory-utilization: its engine set none, and vLLM 0.31's CacheConfig defaulted to 0.92.
+# An assumption (the seed does not say), never a fit.
+SEED001_ENGINE_UTIL = 0.92
 # The seed's checkpoints are not the profile's NVFP4 one, whose size_gib would otherwise size them.
-_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None, "gpu-memory-utilization": SEED001_UTIL},
+_L40_BASE = {"vllm": {"kv-cache-dtype": "auto", "speculative-config": None,
+                      "gpu-memory-utilization": SEED001_ENGINE_UTIL},
              "planner": {"bits": _FP8}, "model": {"size_gib": None}}
 _MTP = {"kv-cache-dtype": "fp8", "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}}
 # Seed 002's engine (its patch 0024) drew the drafter's sidecar ids from the pool at 256-token blocks; its logged
 # pool (6.62M, "about 6.3 concurrent 1M requests") is vLLM's get_kv_cache_capacity over core and sidecar ids.
 _SIDECAR = {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}}
-# Seed 003's engine reserved vLLM's default indexer logits sentinel (its profile halves it to start PP8 on the pin).
-_SEED003 = {"env": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "512"}}
+# Seed 003's engine reserved vLLM's default indexer logits sentinel (its profile halves it to start PP8 on the pin)
+# and served 1M requests on every layout (the PP8 profile ships a shorter context).
+_SEED003 = {"env": {"VLLM_SPARSE_INDEXER_MAX_LOGITS_MB": "512"}, "vllm": {"max-model-len": 1_048_576}}
 
 
 @dataclass(frozen=True)
@@ -42,7 +47,6 @@ class Case:
     changes: dict[str, Any]
     published: int
     approximate: bool = False  # the seed says "about"
-    fit: str | None = None  # "reserve": fixed_gib fitted on this case; "util": SEED001_UTIL fitted on it
     # "own" / "sidecar": the seed's engine held the drafter's KV apart from the pool, or as sidecar ids in it, so
     # the comparable plan does too (the pin's own figure, drafter KV grouped by vLLM 0.34.0, is shown beside it).
     drafter_kv: DrafterKv = "pool"
@@ -60,7 +64,7 @@ def _seed(partition: tuple[int, ...], *more: dict[str, Any]) -> dict[str, Any]:
 
 CASES = (
     Case("seed 003 PP8, 0.96", "glm53-cmp170hx-pp8", _seed((11, 10, 10, 10, 10, 10, 9, 8), _SEED003), 1_025_573,
-         fit="reserve", drafter_kv="own", shipped=True),
+         drafter_kv="own", shipped=True),
     Case("seed 003 PP9, 0.93", "glm53-cmp170hx-pp9", _seed((10, 9, 9, 9, 9, 9, 9, 8, 6), _SEED003), 1_600_895,
          drafter_kv="own", shipped=True),
     Case("seed 003 PP10, 0.93", "glm53-cmp170hx-pp10", _seed((10, 8, 8, 8, 8, 8, 8, 8, 8, 4), _SEED003), 2_090_000,
@@ -70,7 +74,7 @@ CASES = (
     Case("seed 002 6 cards AWQ, prefix caching", "cmp170hx-6x-pp6", _seed((9, 7, 9, 7, 9, 4), _SIDECAR, {
         "vllm": {"enable-prefix-caching": True}}), 3_200_000, approximate=True, drafter_kv="sidecar",
          compared="core and sidecar ids", shipped=True),
-    Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677, fit="util"),
+    Case("seed 001 FP8 weights, bf16 KV", "l40-8x-tp8", _L40_BASE, 294_677),
     Case("seed 001 + FP8 KV", "l40-8x-tp8", merge(_L40_BASE, {"vllm": {"kv-cache-dtype": "fp8"}}), 561_895),
     Case("seed 001 + MTP k=3", "l40-8x-tp8", merge(_L40_BASE, {"vllm": _MTP}), 310_490),
     Case("seed 001 + FP8 linear attention", "l40-8x-tp8", merge(_L40_BASE, {
@@ -84,50 +88,27 @@ CASES = (
 )
 
 
-def case_profile(case: Case, util: float | None = None) -> Profile:
-    base = load_profile(case.profile).model_dump()
-    changes = merge(case.changes, {"vllm": {"gpu-memory-utilization": util}}) if util is not None else case.changes
-    return Profile.model_validate(merge(base, changes))
+def case_profile(case: Case) -> Profile:
+    return Profile.model_validate(merge(load_profile(case.profile).model_dump(), case.changes))
 
 
-def case_plan(case: Case, reserve: Reserve = RESERVE, util: float | None = None,
-              drafter_kv: DrafterKv | None = None) -> Plan:
-    return plan(Request(case_profile(case, util), drafter_kv=drafter_kv or case.drafter_kv), reserve)
+def case_plan(case: Case, reserve: Reserve = RESERVE, drafter_kv: DrafterKv | None = None) -> Plan:
+    return plan(Request(case_profile(case), drafter_kv=drafter_kv or case.drafter_kv), reserve)
 
 
-def table(reserve: Reserve = RESERVE, seed001_util: float = SEED001_UTIL) -> list[dict[str, Any]]:
+def table(reserve: Reserve = RESERVE) -> list[dict[str, Any]]:
     """Each case planned as its seed's engine held the drafter's KV, and, for the cases a shipped profile serves,
     that profile as rigstack runs it on the pin (vLLM 0.34.0 with the stack: drafter KV grouped by vLLM)."""
     rows = []
     for case in CASES:
-        util = seed001_util if case.profile == "l40-8x-tp8" else None
-        result = case_plan(case, reserve, util)
+        result = case_plan(case, reserve)
         pin = plan(Request(load_profile(case.profile)), reserve) if case.shipped else None
         rows.append({"case": case.label, "profile": case.profile, "published": case.published,
                      "approximate": case.approximate, "planned": result.pool_tokens,
                      "ratio": result.pool_tokens / case.published, "binding_stage": result.binding_stage,
-                     "starts": result.starts, "fit": case.fit, "drafter_kv": case.drafter_kv,
+                     "starts": result.starts, "drafter_kv": case.drafter_kv,
                      "compared": case.compared, "pin_tokens": pin.pool_tokens if pin else None,
                      "pin_ratio": pin.pool_tokens / case.published if pin else None,
-                     "pin_starts": pin.starts if pin else None, "pin_partition": pin.partition if pin else None})
+                     "pin_verdict": judge(pin).value if pin else None,
+                     "pin_partition": pin.partition if pin else None})
     return rows
-
-
-def _bisect(ratio: Any, low: float, high: float, steps: int = 16) -> float:
-    """The x in [low, high] where ratio(x) crosses 1, for a ratio that falls as x grows."""
-    for _ in range(steps):
-        middle = (low + high) / 2
-        low, high = (middle, high) if ratio(middle) > 1 else (low, middle)
-    return (low + high) / 2
-
-
-def fit() -> tuple[Reserve, float]:
-    """fixed_gib on the "reserve" case and seed 001's utilisation on the "util" case, each so that the planned
-    pool equals the published one (each pool falls as its constant grows, or as the utilisation falls)."""
-    by_kind = {case.fit: case for case in CASES if case.fit}
-    reserve_case, util_case = by_kind["reserve"], by_kind["util"]
-    fixed = _bisect(lambda x: case_plan(reserve_case, replace(RESERVE, fixed_gib=x)).pool_tokens
-                    / reserve_case.published, -4.0, 8.0)
-    reserve = replace(RESERVE, fixed_gib=round(fixed, 3))
-    util = _bisect(lambda u: util_case.published / max(1, case_plan(util_case, reserve, u).pool_tokens), 0.5, 1.0)
-    return reserve, round(util, 3)

@@ -6,6 +6,7 @@ from dataclasses import replace
 from itertools import accumulate
 
 from rigstack.planner.core import GIB, RESERVE, Plan, Request, Reserve, plan
+from rigstack.planner.verdict import judge
 
 
 def search(request: Request, reserve: Reserve = RESERVE) -> Plan:
@@ -50,3 +51,20 @@ def search(request: Request, reserve: Reserve = RESERVE) -> Plan:
     # With a drafter group on the last stage the bisection is a heuristic: never worse than the given partition,
     # and the given one where the two hold the same.
     return max((probe, found), key=lambda candidate: (candidate.starts, candidate.pool_tokens))
+
+
+def longest_start(request: Request, reserve: Reserve = RESERVE) -> int | None:
+    """The longest max-model-len, in whole blocks, at which the request's plan `starts` (its margin past the error
+    bar), found by bisection with full plans, since the KV budget itself moves with max-model-len (workspaces
+    sized by it); None if not even one block does."""
+    probe = plan(request, reserve)
+    block = probe.block_size
+
+    def starts(blocks: int) -> bool:
+        return judge(plan(replace(request, max_model_len=blocks * block), reserve)).value == "starts"
+
+    low, high = 0, probe.max_model_len // block
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if starts(middle) else (low, middle - 1)
+    return low * block or None

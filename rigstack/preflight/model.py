@@ -232,6 +232,11 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
     stage = plan["stages"][plan["binding_stage"]]
     line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} has the "
             f"fewest blocks: {stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
+    verdict = plan["verdict"]
+    unchecked = "".join(f"; unchecked: {item}" for item in verdict["unchecked"])
+    if plan["starts"] and verdict["value"] == "refused":  # a check of the planner's own, past vLLM's KV check
+        return fail(f"{verdict['why']}; {line}", "serve a model, KV dtype or block size a backend of this rig "
+                    "accepts (`python preflight.py plan` names each backend's reasons)")
     if not plan["starts"]:
         refusing = plan["refusal_stage"]
         short = plan["stages"][refusing]
@@ -244,11 +249,15 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
                     f"({short['request_gib']:.2f} GiB of KV, {short['available_gib']:.2f} GiB for KV there; short "
                     f"stages: {', '.join(map(str, plan['short_stages']))}); {line}",
                     f"{fixes}; or lower max-model-len")
+    if verdict["value"] == "marginal":
+        return warn(f"marginal: {verdict['why']}; {line}{unchecked}",
+                    "free that memory before a long boot, or expect vLLM may refuse it")
     target = plan["target_sessions"]
     if plan["sessions"] < target:
-        return warn(f"{line}: {plan['sessions']:.2f} of {target:g} target requests fit at {max_len:,} tokens",
+        return warn(f"{line}: {plan['sessions']:.2f} of {target:g} target requests fit at {max_len:,} tokens"
+                    f"{unchecked}",
                     "fine for mixed lengths; lower max-num-seqs or planner.target_sessions if every request is long")
-    return passed(f"{line} >= {target:g} x {max_len:,}")
+    return passed(f"{line} >= {target:g} x {max_len:,}{unchecked}")
 
 
 def _host_short(plan: dict[str, Any]) -> str | None:
