@@ -73,13 +73,14 @@ def show_held_out(fit: Fit) -> None:
 
 
 SHIPPED_HEADER = ("| profile | seed | PP x TP | partition | pool on the pin | verdict (margin, GiB a card) | "
-                  "`--search` finds | pool | verdict |")
+                  "max-model-len sessions: held / admitted | KV no request reaches, GiB a card | `--search` finds | "
+                  "pool | verdict |")
 
 
 def shipped_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The README's table of the shipped GPU profiles on the pin (tests/test_planner_published.py keeps the
     README's the same, cell by cell); the search's columns read "the same" where it finds the shipped partition."""
-    lines = [SHIPPED_HEADER, "|---|---|---|---|---:|---|---|---:|---|"]
+    lines = [SHIPPED_HEADER, "|---|---|---|---|---:|---|---|---:|---|---:|---|"]
     for row in rows:
         same = row["found_partition"] == row["partition"]
         found = ("the same", "", "") if same else (",".join(map(str, row["found_partition"])),
@@ -87,8 +88,14 @@ def shipped_lines(rows: list[dict[str, Any]]) -> list[str]:
                                                     row["found_verdict"])
         lines.append(f"| {row['profile']} | {row['seed'] or ''} | PP{row['pp']} x TP{row['tp']} | "
                      f"{','.join(map(str, row['partition']))} | {row['pool_tokens']:,} | "
-                     f"{row['verdict']} ({row['margin_gib']:+.2f}) | {' | '.join(found)} |")
+                     f"{row['verdict']} ({row['margin_gib']:+.2f}) | {_sessions(row)} | {row['unreachable_gib']:.2f} | "
+                     f"{' | '.join(found)} |")
     return lines
+
+
+def _sessions(row: dict[str, Any]) -> str:
+    return (f"{row['sessions']:.2f} of {row['max_model_len'] // 1024:,}k / {row['admitted']:.2f} "
+            f"(max-num-seqs {row['max_num_seqs']})")
 
 
 def show_shipped(rows: list[dict[str, Any]]) -> None:
@@ -177,6 +184,12 @@ def text(plan: dict[str, Any]) -> str:
                      + ", ".join(f"stage {stage['index']} {stage['host_gib']:.1f}" for stage in plan["stages"])
                      + f" GiB; {plan['host_gib']:.1f} GiB in all"
                      + (f" of the rig's {have:g}" if have is not None else " (no hardware.host_ram_gib to check)"))
+    use = plan["usable"]
+    if use["advice"]:
+        lines.append(f"usable: {use['admitted']:.2f} of the {use['sessions']:.2f} requests the pool holds run at once "
+                     f"(max-num-seqs {plan['max_num_seqs']}, prefix caching off): {use['unreachable_tokens']:,} "
+                     f"tokens, {use['unreachable_gib']:.2f} GiB a card, no request reaches; use it with "
+                     f"{use['advice']}")
     lines.append(_verdict(plan))
     verdict = plan["verdict"]
     lines.append(f"verdict: {verdict['value']}: {verdict['why']}")

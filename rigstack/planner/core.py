@@ -107,6 +107,7 @@ class Plan:
     host_gib: float = 0.0  # pinned host RAM the offloaded experts take, all stages (planner.offload)
     host_ram_gib: float | None = None  # the profile's hardware.host_ram_gib
     host_fits: bool = True
+    prefix_caching: bool = False  # finished requests' blocks stay cached, so the whole pool can be in use
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -420,4 +421,4 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
         sessions=kv.concurrency, starts=kv.starts and host_fits, refusal=refusal, refusal_stage=refusal_stage,
         short_stages=kv.short, weights_source=budget.source, notes=budget.notes,
         attention_backend=_backend(target, kv.block_size), host_gib=sum(budget.host), host_ram_gib=host_ram,
-        host_fits=host_fits)
+        host_fits=host_fits, prefix_caching=setup.enable_prefix_caching)

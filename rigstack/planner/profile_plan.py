@@ -11,6 +11,7 @@ from typing import Any
 from rigstack.errors import UserError
 from rigstack.planner.core import Request, plan
 from rigstack.planner.search import longest_start, search
+from rigstack.planner.usable import usable
 from rigstack.planner.verdict import judge
 from rigstack.profiles import Profile, load_profile
 
@@ -43,6 +44,7 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                             "given_short_stages": given.short_stages, "found_partition": found.partition,
                             "found_pool_tokens": found.pool_tokens}
     result["verdict"] = asdict(verdict)
+    result["usable"] = asdict(usable(found if search_partition else given))
     result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
     return result
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from rigstack.planner.config import shape_known
 from rigstack.planner.core import Request, plan
+from rigstack.planner.usable import usable
 from rigstack.planner.verdict import judge
 from rigstack.profiles import list_profiles, load_profile, model_dir
 
@@ -24,10 +25,12 @@ def table() -> list[dict[str, Any]]:
             continue
         given = plan(Request(profile))
         found = search(Request(profile)) if given.pp > 1 else given
-        verdict = judge(given)
+        verdict, use = judge(given), usable(given)
         rows.append({"profile": name, "seed": profile.seed, "pp": given.pp, "tp": given.tp,
                      "partition": given.partition, "pool_tokens": given.pool_tokens,
                      "verdict": verdict.value, "margin_gib": verdict.margin_gib,
+                     "sessions": use.sessions, "admitted": use.admitted, "max_num_seqs": given.max_num_seqs,
+                     "max_model_len": given.max_model_len, "unreachable_gib": use.unreachable_gib,
                      "binding_stage": given.binding_stage, "found_partition": found.partition,
                      "found_pool_tokens": found.pool_tokens, "found_verdict": judge(found).value})
     return rows
