@@ -29,13 +29,16 @@ from rigstack.serving import process, runrecord
 from rigstack.gateway import LITELLM_VERSION, gateway_venv, installed_version
 from rigstack.preflight.host import meminfo
 from rigstack.tinymodel import build_tiny_model
+from testing.answers import Answer, complete
 from testing.net import free_port
 from testing.server import server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 NEED_GIB = 9.0  # three servers of about 2.5 GiB, two routers, the gateway and the IGW router
 LOAD = 24  # requests per gateway of the bounded load during which a replica is killed
+KILL_TOKENS = 64  # long enough that requests are running on the replicas when the kill comes
 LATENCY_ROUNDS = 200
+SANE_ADDED_MS = 1000.0
 OUT_OF_ROTATION_LIMIT_S = 60.0
 REJOIN_ROUNDS = 5  # rounds of 8 requests through each gateway for the resumed replica to get one
 # The shared boot (three engines one after another, two routers, the gateway) is set up inside the first test.
@@ -362,7 +365,8 @@ def _percentiles(samples: list[float]) -> dict[str, float]:
 @pytest.mark.server
 def test_the_gateways_added_latency_per_request(fleet: dict[str, Any]) -> None:
     """One-token completions for tiny-b (one engine, so every path ends on the same one), the paths interleaved
-    round by round so that the box's load falls on all of them alike. Figures only: speed is not asserted here."""
+    round by round so that the box's load falls on all of them alike. Speed is not asserted: only a sanity bound that a
+    broken gateway would fail."""
     paths = {"direct": fleet["engines"]["tiny-b"][0], **_gateways(fleet)}
     clients = {name: httpx.Client(base_url=url, timeout=60) for name, url in paths.items()}
     samples: dict[str, list[float]] = {name: [] for name in paths}
@@ -384,6 +388,9 @@ def test_the_gateways_added_latency_per_request(fleet: dict[str, Any]) -> None:
     figures.update(requests_per_path=LATENCY_ROUNDS, load_average=os.getloadavg()[0])
     print("FIGURES latency", json.dumps(figures))
     assert all(len(values) == LATENCY_ROUNDS for values in samples.values())
+    # Sanity, not speed (no timed test here): a gateway that adds a second to a median one-token request is broken,
+    # not slow; idle-box medians are tens of milliseconds.
+    assert all(figures[f"{name}_added"]["median_ms"] < SANE_ADDED_MS for name in _gateways(fleet)), figures
 
 
 @pytest.mark.server
@@ -424,40 +431,72 @@ def test_a_paused_replica_leaves_rotation_and_comes_back_when_healthy(fleet: dic
     assert all(count > 0 for count in reached.values()), figures
 
 
+def _running(url: str) -> int:
+    """Requests this engine is running now, from its own gauge."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("vllm:num_requests_running{")))
+
+
 @pytest.mark.server
 def test_a_killed_replica_leaves_rotation_and_its_model_keeps_answering(fleet: dict[str, Any]) -> None:
+    """The kill under load, through both gateways at once (issue 37 item 2): the requests are submitted alternately
+    to the two, the victim is the replica whose own gauge shows requests running, each gateway has requests started
+    and unfinished at the kill, and none is lost: every answer is whole, a 200 with text and completion tokens (a 200
+    with an error body counts as lost). Its text is not held to the survivor's own for the prompt: the replicas
+    answered inside batches of up to 8, and the CPU kernels promise no batch-invariant greedy text."""
     replicas, engine_b = fleet["engines"]["tiny-a"], fleet["engines"]["tiny-b"][0]
-    victim = process.running(fleet["run_dir"] / "pool-0" / "replica-1")
-    assert victim is not None
+    gateways = _gateways(fleet)
     routers = {"litellm": fleet["pool_a"], "igw": fleet["igw"]}
-    b_before = _served(engine_b)
-    with ThreadPoolExecutor(4) as workers:  # two at a time through each gateway
-        futures = {name: [workers.submit(_complete, url, "tiny-a", f"Load {name} {i}: topic {i * 7919 % 97}", 8)
-                          for i in range(LOAD)] for name, url in _gateways(fleet).items()}
-        statuses = {name: [future.result() for future in found[:6]] for name, found in futures.items()}
+    b_before, served_before = _served(engine_b), [_served(url) for url in replicas]
+    jobs = [(name, i) for i in range(LOAD) for name in gateways]  # interleaved: litellm 0, igw 0, litellm 1, ...
+    prompt = {job: f"Load {job[0]} {job[1]}: topic {job[1] * 7919 % 97}" for job in jobs}
+    started: set[tuple[str, int]] = set()
+
+    def send(job: tuple[str, int]) -> Answer:
+        started.add(job)
+        return complete(gateways[job[0]], "tiny-a", prompt[job], KILL_TOKENS)
+
+    with ThreadPoolExecutor(8) as workers:
+        futures = {job: workers.submit(send, job) for job in jobs}
+
+        def in_flight() -> dict[str, int]:
+            return {name: sum(1 for job in started if job[0] == name and not futures[job].done()) for name in gateways}
+
+        gauges: list[list[int]] = []
+        _wait(lambda: gauges.append([_running(url) for url in replicas]) or  # noqa: B023
+              (max(gauges[-1]) > 0 and min(in_flight().values()) > 0), OUT_OF_ROTATION_LIMIT_S)
+        index = gauges[-1].index(max(gauges[-1]))
+        victim = process.running(fleet["run_dir"] / "pool-0" / f"replica-{index}")
+        assert victim is not None
+        flying, victim_served = in_flight(), _served(replicas[index]) - served_before[index]
         killed = time.monotonic()
         os.killpg(victim.pgid, signal.SIGKILL)  # mid-load: a crash, not a clean stop
         left: dict[str, float] = {}
         while len(left) < len(routers):
             assert time.monotonic() - killed < OUT_OF_ROTATION_LIMIT_S, left
             left.update({name: round(time.monotonic() - killed, 1) for name, router in routers.items()
-                         if name not in left and not _healthy(router, replicas[1])})
+                         if name not in left and not _healthy(router, replicas[index])})
             time.sleep(0.1)
-        for name, found in futures.items():
-            statuses[name] += [future.result() for future in found[6:]]
+        answers = {job: future.result() for job, future in futures.items()}
+    survivor = replicas[1 - index]
+    survivor_served = _served(survivor) - served_before[1 - index]
+    wrong = {f"{name} {i}": str(answer) for (name, i), answer in answers.items() if not answer.whole}
     after = {}
-    for name, url in _gateways(fleet).items():
-        before = _served(replicas[0])
+    for name, url in gateways.items():
+        before = _served(survivor)
         after[name] = ([_complete(url, "tiny-a", f"After the crash, {name} {i}") for i in range(8)],
-                       _served(replicas[0]) - before)
-    figures = {"load_requests_per_gateway": LOAD, "out_of_rotation_after_kill_s": left,
-               "lost": {name: sum(status != 200 for status in found) for name, found in statuses.items()},
-               "lost_statuses": {name: sorted(set(found) - {200}) for name, found in statuses.items()},
+                       _served(survivor) - before)
+    figures = {"load_requests_per_gateway": LOAD, "victim": index, "victim_running_at_kill": gauges[-1][index],
+               "in_flight_at_kill": flying, "out_of_rotation_after_kill_s": left, "lost": len(wrong),
+               "lost_how": wrong, "served": {"victim_before_kill": victim_served, "survivor": survivor_served},
                "after": {name: {"answered": found.count(200), "on_survivor": on} for name, (found, on) in
                          after.items()},
                "tiny_b_touched": _served(engine_b) - b_before}
     print("FIGURES kill", json.dumps(figures))
+    assert min(flying.values()) > 0 and gauges[-1][index] > 0, figures
+    assert not wrong, figures  # README's contract: 0 lost
+    # Every answer was finished by one of the two engines; a request retried after the kill may count twice.
+    assert victim_served + survivor_served >= len(jobs), figures
     assert all(found == ([200] * 8, 8) for found in after.values()), figures
     assert figures["tiny_b_touched"] == 0, figures
-    # What retries could not save: at most the requests in flight on the victim when it died.
-    assert all(lost <= 2 for lost in figures["lost"].values()), figures

@@ -139,22 +139,24 @@ def _seed_case(label: str) -> object:
     return published.case_profile(next(case for case in published.CASES if case.label == label))
 
 
-def test_glm53_pp8_at_096_is_refused_by_vllms_startup_check() -> None:
-    result = plan(Request(_seed_case("seed 003 PP8, 0.96"), drafter_kv="own")).to_json()
+def test_glm53_pp8_at_096_passes_vllms_check_by_a_hair_inside_the_error_bar() -> None:
+    # Seed 003's own PP8 (its layout, vLLM's 512 MiB logits sentinel, the drafter's KV apart): with the joint fit
+    # vLLM's check passes by 0.01 GiB a card, which the planner cannot tell from a refusal (its error bar is 2.11).
+    seeds = plan(Request(_seed_case("seed 003 PP8, 0.96"), drafter_kv="own"))
+    verdict = judge(seeds)
+    assert seeds.starts and verdict.value == "marginal" and 0 <= verdict.margin_gib < 0.1, verdict
+    result = seeds.to_json()
     assert result["groups"] == ["UniformTypeKVCacheSpecs x99"]  # 78 MLA + 21 indexer layers (index_topk_freq 4)
-    assert not result["starts"]
-    assert "To serve at least one request with the model's max seq len (1048576)" in result["refusal"]
-    assert result["pool_tokens"] < 1_048_576
     assert {"pool_tokens", "binding_stage", "stages", "starts", "sessions"} <= set(result)
     assert len(result["stages"]) == 8 and result["stages"][0]["layers"] == 11
     # The same rig one card wider, at the seed's 0.93, starts when the drafter's KV is held apart.
     assert plan(Request(_seed_case("seed 003 PP9, 0.93"), drafter_kv="own")).starts
-    # The shipped profile (the drafter's window kept by patch 0016, the indexer's logits sentinel halved) would still
-    # be refused at 1M with the joint fit of fixed_gib; at its shipped 640k it starts past the error bar.
+    # The shipped profile (the drafter's window kept by patch 0016, the indexer's logits sentinel halved) is still
+    # marginal at 1M; at its shipped 768k it starts past the error bar.
     profile = load_profile("glm53-cmp170hx-pp8")
-    assert not plan(Request(profile, max_model_len=1_048_576)).starts
+    assert judge(plan(Request(profile, max_model_len=1_048_576))).value == "marginal"
     shipped = plan(Request(profile))
-    assert shipped.max_model_len == 655_360 and judge(shipped).value == "starts"
+    assert shipped.max_model_len == 786_432 and judge(shipped).value == "starts"
 
 
 # --- the DFlash drafter's KV ------------------------------------------------------------------------------------
@@ -392,11 +394,12 @@ def test_plan_text_adds_up_and_names_the_refusing_stage(tmp_path: Path) -> None:
     the stage vLLM's check refuses (the first short one) and every other short stage."""
     from rigstack.output import planner as report
 
-    result = plan_for(str(_unswitched(tmp_path)))
+    # At 0.95 (the seed's 0.96 less a point) six stages are short: the refusal names the first and the rest.
+    result = plan_for(str(_unswitched(tmp_path)), util=0.95)
     shown = report.text(result)
     rows = _table_rows(shown)
     assert len(rows) == 8
-    budget = 64 * 0.96
+    budget = 64 * 0.95  # seed 003's 64 GiB cards
     for row, stage in zip(rows, result["stages"]):
         weights_gib, reserve, kv_budget, own, page, blocks, tokens, one, pool = (float(x.replace(",", ""))
                                                                                   for x in row[2:11])
@@ -430,7 +433,7 @@ def test_any_utilisation_is_the_same_arithmetic(util: float) -> None:
         if profile.flavour != "gpu" or not shape_known(profile, model_dir(profile.model, build=False)):
             continue
         shipped, other = plan(Request(profile)), plan(Request(profile, util=util))
-        budget = math.ceil(profile.hardware.memory_gib * GIB * util)
+        budget = math.ceil(profile.hardware.card_gib * GIB * util)
         for before, after in zip(shipped.stages, other.stages):
             assert (after.weights_gib, after.reserve_gib) == (before.weights_gib, before.reserve_gib), name
             kv_budget = max(0, int(budget - after.weights_gib * GIB - after.reserve_gib * GIB))
@@ -446,7 +449,7 @@ def test_search_prints_the_refusal_once(tmp_path: Path) -> None:
 
     shown = report.text(plan_for(str(_unswitched(tmp_path)), search_partition=True))
     assert shown.count("To serve at least one request") == 1
-    assert "the given 11,10,10,10,10,10,9,8 360,832 (refused, stages" in shown
+    assert "the given 11,10,10,10,10,10,9,8 381,824 (refused, stage 7 short)" in shown
 
 
 def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path, tmp_path: Path) -> None:
@@ -568,7 +571,7 @@ def test_seed002_pool_counts_sidecar_ids_as_vllms_capacity_does() -> None:
     assert plans[256].pool_tokens == int(plans[256].pool_blocks / ids[256] * 1_048_576)
     # Where the target's ids fit but not the sidecar's too, the seed's engine could not hold one 1M request.
     tight = plan(Request(Profile.model_validate(merge(base, {"env": {"VLLM_GLM5N_SIDECAR_BLOCK_SIZE": "256"}})),
-                         drafter_kv="sidecar", util=0.54))
+                         drafter_kv="sidecar", util=0.58))
     assert core_ids <= tight.pool_blocks < ids[256] and not tight.starts
     assert tight.refusal == f"{tight.pool_blocks} blocks hold {tight.sessions:.2f} requests of 1048576 tokens with " \
                             "the drafter's sidecar ids"
@@ -598,7 +601,8 @@ def test_offload_keeps_cache_and_staging_on_the_gpu_and_every_expert_in_host_ram
     assert off.stages[0].weights_gib == pytest.approx(whole.stages[0].weights_gib - routed + 42 * 70 * expert)
     assert whole.stages[0].available_gib == 0 and not whole.starts
     stage = off.stages[0]
-    assert stage.available_gib == pytest.approx(0.9 * 96 - stage.weights_gib - stage.reserve_gib, abs=1e-6)
+    card = 97887 / 1024  # the RTX PRO 6000's memory.total, MiB
+    assert stage.available_gib == pytest.approx(0.9 * card - stage.weights_gib - stage.reserve_gib, abs=1e-6)
 
 
 def test_offload_short_of_host_ram_is_refused(tmp_path: Path) -> None:

@@ -30,6 +30,6 @@ def test_a_pool_past_max_num_seqs_requests_is_unreachable_and_the_advice_uses_it
 
 
 def test_a_pool_under_max_num_seqs_requests_has_nothing_unreachable() -> None:
-    pp8 = plan_for("glm53-cmp170hx-pp8")  # 1.72 requests of 640k, 8 sequences
+    pp8 = plan_for("glm53-cmp170hx-pp8")  # 1.49 requests of 768k, 8 sequences
     assert pp8["usable"] == {"sessions": pytest.approx(pp8["sessions"]), "admitted": pytest.approx(pp8["sessions"]),
                              "unreachable_gib": 0.0, "unreachable_tokens": 0, "advice": None}

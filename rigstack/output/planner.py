@@ -190,6 +190,9 @@ def text(plan: dict[str, Any]) -> str:
                      f"(max-num-seqs {plan['max_num_seqs']}, prefix caching off): {use['unreachable_tokens']:,} "
                      f"tokens, {use['unreachable_gib']:.2f} GiB a card, no request reaches; use it with "
                      f"{use['advice']}")
+    for other in plan.get("other_readings", []):
+        lines.append(f"memory: the profile's other reading of a card, {other['memory_gib']:.2f} GiB, holds "
+                     f"{other['pool_tokens']:,} tokens ({other['verdict']}); the plan above is at the smaller")
     lines.append(_verdict(plan))
     verdict = plan["verdict"]
     lines.append(f"verdict: {verdict['value']}: {verdict['why']}")

@@ -36,7 +36,7 @@ def _args(overrides: dict[str, Any]) -> list[str]:
 
 def plan_dict(profile: str, **overrides: Any) -> dict[str, Any]:
     """The plan for a profile name or path; overrides: pp, tp, partition, util, max_model_len, max_num_seqs, model,
-    kv_space_gib, search_partition."""
+    kv_space_gib, memory_gib, search_partition."""
     from rigstack.profiles import load_profile
 
     load_profile(profile)  # an unknown or broken profile is the first thing to say, before any interpreter

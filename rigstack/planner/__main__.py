@@ -25,12 +25,13 @@ def main(
     max_num_seqs: int | None = typer.Option(None, "--max-num-seqs"),
     model: Path | None = typer.Option(None, "--model"),
     kv_space_gib: float | None = typer.Option(None, "--kv-space-gib"),
+    memory_gib: float | None = typer.Option(None, "--memory-gib"),
     search_partition: bool = typer.Option(False, "--search-partition"),
 ) -> None:
     from rigstack.planner.profile_plan import plan_for
 
     result = plan_for(profile, pp=pp, tp=tp, partition=partition, util=util, max_model_len=max_model_len,
-                      max_num_seqs=max_num_seqs, model=model, kv_space_gib=kv_space_gib,
+                      max_num_seqs=max_num_seqs, model=model, kv_space_gib=kv_space_gib, memory_gib=memory_gib,
                       search_partition=search_partition)
     json.dump(result, sys.stdout)
 

@@ -43,7 +43,7 @@ class Reserve:
     indexer's logits sentinel; the runner's buffers on that stage). fixed_gib is the one fitted constant, fitted on
     every measured published case jointly (planner.heldout); README, "Capacity planner", gives its held-out error."""
 
-    fixed_gib: float = 2.077  # python -m rigstack plan-published --held-out
+    fixed_gib: float = 1.567  # python -m rigstack plan-published --held-out
 
     def gib(self, workspace_bytes: int, buffer_bytes: int = 0) -> float:
         return self.fixed_gib + (workspace_bytes + buffer_bytes) / GIB
@@ -129,6 +129,7 @@ class Request:
     max_num_seqs: int | None = None
     model: Path | None = None
     kv_space_gib: float | None = None  # cpu flavour: VLLM_CPU_KVCACHE_SPACE, else the profile's env
+    memory_gib: float | None = None  # gpu flavour: a card's memory (the rig's NVML reading), else the profile's
     # "pool": a DFlash drafter's KV layers join the pool, grouped by vLLM's own grouping (what the pin does);
     # "own": held apart on the last stage (kv.drafter_own_bytes), seed 003's engine's accounting; "sidecar": seed
     # 002's, its ids drawn from the pool at the profile's VLLM_GLM5N_SIDECAR_BLOCK_SIZE (kv.sidecar_group).
@@ -187,6 +188,7 @@ class Target:
     util: float
     draft: Drafter | None
     setup: KvSetup
+    memory_gib: float | None  # a card's memory: the request's, else the profile's smallest reading
 
     @property
     def text(self) -> Any:
@@ -244,7 +246,8 @@ def resolve(request: Request) -> Target:
         # off under PP); the CPU platform turns it off whatever is asked (platforms/cpu.py).
         async_scheduling=not cpu and bool(_flag(profile, "async-scheduling", True)),
         env=tuple(sorted(profile.env.items())))
-    return Target(profile, folder, config, architecture, pp, tp, partition, util, draft, setup)
+    return Target(profile, folder, config, architecture, pp, tp, partition, util, draft, setup,
+                  request.memory_gib or profile.hardware.card_gib)
 
 
 # --- each stage's budget ----------------------------------------------------------------------------------------
@@ -319,9 +322,10 @@ def _reserves(target: Target, reserve: Reserve) -> list[float]:
 
 def _gpu_budget(target: Target, reserve: Reserve) -> Budget:
     profile = target.profile
-    memory = profile.hardware.memory_gib
+    memory = target.memory_gib
     if not memory:
-        raise UserError(f"profile {profile.name}: hardware.memory_gib is not set; give the card's memory in GiB")
+        raise UserError(f"profile {profile.name}: hardware.memory_mib is not set; give the card's memory as the "
+                        "driver reports it (nvidia-smi --query-gpu=memory.total, MiB)")
     sizes = target_sizes(profile, target.config, target.architecture, target.folder)
     weights = wt.stage_bytes(sizes.loaded, bounds_of(target.partition), (), target.tp, linear_layers(target.config))
     budget = Budget(weights, _reserves(target, reserve), [], [0.0] * target.pp, sizes.source, memory * target.util)
@@ -414,7 +418,7 @@ def plan(request: Request, reserve: Reserve = RESERVE) -> Plan:
     return Plan(
         profile=profile.name, architecture=target.architecture, flavour=profile.flavour, pp=target.pp, tp=target.tp,
         partition=target.partition, util=None if target.cpu else target.util,
-        memory_gib=None if target.cpu else profile.hardware.memory_gib, budget_gib=budget.budget_gib,
+        memory_gib=None if target.cpu else target.memory_gib, budget_gib=budget.budget_gib,
         max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs, kv_cache_dtype=setup.kv_cache_dtype,
         block_size=kv.block_size, groups=kv.groups, stages=_stages(target, budget, kv), pool_blocks=kv.pool_blocks,
         pool_tokens=kv.pool_tokens, binding_stage=min(range(target.pp), key=kv.num_blocks.__getitem__),

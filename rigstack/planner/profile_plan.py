@@ -4,7 +4,7 @@ What `python -m rigstack.planner` prints and rigstack.planner.plan_dict returns.
 
 from __future__ import annotations
 
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from rigstack.profiles import Profile, load_profile
 
 def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, partition: str | list[int] | None = None,
              util: float | None = None, max_model_len: int | None = None, max_num_seqs: int | None = None,
-             model: str | Path | None = None, kv_space_gib: float | None = None,
+             model: str | Path | None = None, kv_space_gib: float | None = None, memory_gib: float | None = None,
              search_partition: bool = False) -> dict[str, Any]:
     """plan() for a profile name or path, with the command line's overrides, as JSON-ready data; with
     search_partition, the searched partition's plan, with "search" comparing it to the given one."""
@@ -30,7 +30,7 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                 from None
     request = Request(load_profile(profile), pp=pp, tp=tp, partition=tuple(partition) if partition else None,
                       util=util, max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                      model=Path(model) if model else None, kv_space_gib=kv_space_gib)
+                      model=Path(model) if model else None, kv_space_gib=kv_space_gib, memory_gib=memory_gib)
     given = plan(request)
     verdict = judge(given)
     if verdict.value == "marginal" or (not given.starts and given.host_fits):
@@ -44,9 +44,17 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                             "given_short_stages": given.short_stages, "found_partition": found.partition,
                             "found_pool_tokens": found.pool_tokens}
     result["verdict"] = asdict(verdict)
+    # An owner's "64 GB" may be either reading: planned at the smaller (above), the others shown beside it.
+    others = [] if memory_gib else sorted(request.profile.hardware.readings_gib)[1:]
+    result["other_readings"] = [_reading(replace(request, memory_gib=gib)) for gib in others]
     result["usable"] = asdict(usable(found if search_partition else given))
     result["target_sessions"] = target_sessions(request.profile, result["max_num_seqs"])
     return result
+
+
+def _reading(request: Request) -> dict[str, Any]:
+    other = plan(request)
+    return {"memory_gib": request.memory_gib, "pool_tokens": other.pool_tokens, "verdict": judge(other).value}
 
 
 def target_sessions(profile: Profile, max_num_seqs: int) -> float:

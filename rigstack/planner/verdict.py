@@ -27,7 +27,7 @@ from rigstack.planner.core import Plan
 
 # planner.heldout.fit().error_bar_gib, kept here because the fit plans every published case (minutes);
 # tests/test_planner_heldout.py recomputes it and fails when it moves.
-ERROR_BAR_GIB = 2.73
+ERROR_BAR_GIB = 2.11
 # Where the rig checks what the planner could not: preflight's kv-room runs this same plan on the rig, in the
 # serving interpreter that has the rig's attention backends installed.
 ON_THE_RIG = "preflight's kv-room check plans again on the rig, where vLLM's selector can import it"

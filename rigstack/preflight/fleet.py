@@ -33,8 +33,8 @@ def pool_cards(fleet: Fleet, gpus: GpuScan) -> Result:
                             "fix the member's gpu_sets in the fleet file")
             if hardware.gpu_name and not re.search(hardware.gpu_name, gpu.name, re.IGNORECASE):
                 return fail(f"{where}: a {gpu.name}, not a {hardware.gpu_name}", "give the member other cards")
-            if hardware.memory_gib and gpu.memory_gib < hardware.memory_gib * MEMORY_SLACK:
-                return fail(f"{where}: it has {gpu.memory_gib:.1f} GiB, the profile needs {hardware.memory_gib:g}",
+            if hardware.card_gib and gpu.memory_gib < hardware.card_gib * MEMORY_SLACK:
+                return fail(f"{where}: it has {gpu.memory_gib:.1f} GiB, the profile needs {hardware.card_gib:.1f}",
                             "give the member other cards, or check the card's VRAM")
             used += 1
     if not used:

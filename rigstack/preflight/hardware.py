@@ -33,11 +33,11 @@ def fit(profile: Profile, scan: GpuScan) -> Result:
         names = ", ".join(sorted({gpu.name for gpu in scan.gpus}))
         return fail(f"needs {need} GPU(s) matching {hw.gpu_name!r}, found {len(matching)} (host has: {names})",
                     f"pick the profile for this rig: {command('preflight profiles')}")
-    if hw.memory_gib:
-        small = [gpu for gpu in matching[:need] if gpu.memory_gib < hw.memory_gib * MEMORY_SLACK]
+    if hw.card_gib:
+        small = [gpu for gpu in matching[:need] if gpu.memory_gib < hw.card_gib * MEMORY_SLACK]
         if small:
             gpu = small[0]
-            return fail(f"GPU {gpu.index} has {gpu.memory_gib:.1f} GiB, the profile needs {hw.memory_gib:g} per card",
+            return fail(f"GPU {gpu.index} has {gpu.memory_gib:.1f} GiB, the profile needs {hw.card_gib:.1f} per card",
                         "check the card's VRAM unlock (nvidia-smi --query-gpu=memory.total --format=csv)")
     if hw.driver_min and scan.driver and _version(scan.driver) < _version(hw.driver_min):
         return fail(f"driver {scan.driver} is older than {hw.driver_min}",

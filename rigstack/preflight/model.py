@@ -210,7 +210,7 @@ def kv_budget_gib(ctx: Context) -> tuple[float, str] | None:
     if weights is None:
         return None
     cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:profile.parallel.gpus_per_replica]]
-    per_card = min(cards) if len(cards) == profile.parallel.gpus_per_replica else profile.hardware.memory_gib
+    per_card = min(cards) if len(cards) == profile.parallel.gpus_per_replica else profile.hardware.card_gib
     if not per_card:
         return None
     util = float(profile.vllm.get("gpu-memory-utilization", 0.9))
@@ -224,14 +224,19 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
     """kv-room from the capacity planner: vLLM's own KV sizing per stage and its own startup check."""
     from rigstack.planner import plan_dict
 
-    plan = plan_dict(ctx.profile.source_files[-1], model=str(ctx.model) if ctx.model else None)
+    # On the rig a card's memory is what NVML reports (the smallest of the replica's cards), not the profile's.
+    cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:ctx.profile.parallel.gpus_per_replica]]
+    measured = min(cards) if len(cards) == ctx.profile.parallel.gpus_per_replica else None
+    plan = plan_dict(ctx.profile.source_files[-1], model=str(ctx.model) if ctx.model else None, memory_gib=measured)
     host = _host_short(plan)
     if host is not None:
         return fail(host, "add host RAM, or serve a smaller checkpoint: patch 0014 pins every routed expert in host "
                           "RAM, the cached ones too (`python preflight.py plan` shows each stage's share)")
     stage = plan["stages"][plan["binding_stage"]]
+    where = "NVML's reading" if measured else "the profile's"
     line = (f"planned pool {plan['pool_tokens']:,} tokens (stage {plan['binding_stage']} of {plan['pp']} has the "
-            f"fewest blocks: {stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV)")
+            f"fewest blocks: {stage['layers']} layers, {stage['available_gib']:.2f} GiB for KV; cards of "
+            f"{plan['memory_gib']:.2f} GiB, {where})")
     verdict = plan["verdict"]
     unchecked = "".join(f"; unchecked: {item}" for item in verdict["unchecked"])
     if plan["starts"] and verdict["value"] == "refused":  # a check of the planner's own, past vLLM's KV check

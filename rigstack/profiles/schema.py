@@ -23,6 +23,29 @@ class Hardware(_Frozen):
     gpu_name: str | None = None  # regular expression, searched case-insensitively in NVML's device name
     compute_capability: float | None = None  # e.g. 8.0 for the 170HX: below 9.0 the stack's SM8x fallbacks are needed
     memory_gib: float | None = None  # per card, at least (what the driver reports, after any unlock)
+    # Or, as the driver reports it: `nvidia-smi --query-gpu=memory.total` in MiB. Two readings where the owner's
+    # words could mean either (a "64 GB" card: 65,536 or 61,035 MiB); the smaller is what plans and checks use.
+    memory_mib: Annotated[int, Field(gt=0)] | Items[Annotated[int, Field(gt=0)]] | None = None
+    memory_said: str | None = None  # the owner's own words for it ("64 GB per card"), for people
+
+    @model_validator(mode="after")
+    def _one_memory(self) -> Hardware:
+        if self.memory_gib is not None and self.memory_mib is not None:
+            raise ValueError("give memory_mib (the driver's MiB) or memory_gib, not both")
+        return self
+
+    @property
+    def card_gib(self) -> float | None:
+        """A card's memory, GiB: the smallest reading."""
+        readings = self.readings_gib
+        return min(readings) if readings else None
+
+    @property
+    def readings_gib(self) -> tuple[float, ...]:
+        if self.memory_mib:
+            readings = (self.memory_mib,) if isinstance(self.memory_mib, int) else self.memory_mib
+            return tuple(mib / 1024 for mib in readings)
+        return (self.memory_gib,) if self.memory_gib else ()
     link: str | None = None  # e.g. "pcie-gen2-x4": shown, and a reminder of what the numbers assume
     p2p: bool | None = None  # False: the rig has no peer-to-peer path, so TP across cards is off the table
     driver_min: str | None = None

@@ -20,7 +20,7 @@ def test_the_rig_it_was_written_for_fits() -> None:
     (NO_GPU, ["needs 8 GPU(s), none found: no NVIDIA driver answered"]),
     (cmp(count=6), ["needs 8 GPU(s) matching 'CMP 170HX', found 6"]),
     (cmp(name="NVIDIA L40"), ["found 0 (host has: NVIDIA L40)"]),
-    (cmp(memory_gib=7.8), ["GPU 0 has 7.8 GiB, the profile needs 64 per card"]),
+    (cmp(memory_gib=7.8), ["GPU 0 has 7.8 GiB, the profile needs 59.6 per card"]),
 ])
 def test_gpu_mismatches_fail(scan: nvml.GpuScan, words: list[str]) -> None:
     assert_status(hardware.fit(PP8, scan), Status.FAIL, *words)

@@ -120,26 +120,27 @@ def test_kv_room(tmp_path: Path) -> None:
 
 
 def test_kv_room_on_gpu_rigs_uses_the_planner(tmp_path: Path) -> None:
-    # Seed 003's PP8 at 0.96 on the pin without the stack's switches: vLLM 0.32.0's startup check refuses on the
-    # first stage that cannot hold one 1M request (stage 1, as vLLM checks them in order), while the last stage,
-    # where vLLM allocates the DFlash2 drafter's sliding-window KV at full length, has the fewest blocks.
+    # Seed 003's PP8 at 0.96 on the pin without the stack's switches: vLLM's startup check refuses on the first
+    # stage that cannot hold one 1M request, the last, where vLLM allocates the DFlash2 drafter's sliding-window KV at
+    # full length and which has the fewest blocks.
     bare = profile_at(tmp_path, "extends: glm53-cmp170hx-pp8\nenv:\n  VLLM_SWA_OWN_POOL: '0'\n  "
                                 "VLLM_SPARSE_INDEXER_MAX_LOGITS_MB: '512'\nvllm:\n  max-model-len: 1048576\n"
                                 "parallel:\n  partition: [11, 10, 10, 10, 10, 10, 9, 8]\n")
     result = model.kv_room(context(bare))
-    assert_status(result, Status.FAIL, "vLLM would refuse to start: stage 1 cannot hold one 1,048,576-token request",
+    assert_status(result, Status.FAIL, "vLLM would refuse to start: stage 7 cannot hold one 1,048,576-token request",
                   "stage 7 of 8 has the fewest blocks")
     assert "gpu-memory-utilization" in result.fix and "parallel.partition" in result.fix and "--search" in result.fix
-    # As shipped (patch 0016's window, the logits sentinel halved, 640k context) it starts past the planner's error
+    # As shipped (patch 0016's window, the logits sentinel halved, 768k context) it starts past the planner's error
     # bar: a WARN only against its 8 target requests.
-    assert_status(model.kv_room(context("glm53-cmp170hx-pp8")), Status.WARN, "planned pool 1,129,344 tokens",
-                  "1.72 of 8 target requests fit at 655,360 tokens")
+    assert_status(model.kv_room(context("glm53-cmp170hx-pp8")), Status.WARN, "planned pool 1,168,256 tokens",
+                  "1.49 of 8 target requests fit at 786,432 tokens")
     # Seed 004's own 524,288-token context passes vLLM's check by less than the error bar: marginal, with the
     # planned lever, before a boot that could be refused.
     seeds = profile_at(tmp_path, "extends: rtxpro6000-tp2-replicas\nvllm:\n  max-model-len: 524288\n")
     marginal = model.kv_room(context(seeds))
-    assert_status(marginal, Status.WARN, "marginal: stage 0 has 0.91 GiB a card over one 524,288-token request",
-                  "max-model-len 204,544 (planned)", "unchecked: FLASHINFER_MLA_SPARSE_SM120")
+    assert_status(marginal, Status.WARN, "marginal: stage 0 has 1.05 GiB a card over one 524,288-token request",
+                  "max-model-len 391,680 (planned)", "unchecked: FLASHINFER_MLA_SPARSE_SM120",
+                  "cards of 95.59 GiB, the profile's")
 
 
 def _gpu_profiles() -> list[str]:
