@@ -385,7 +385,7 @@ def _stages(target: Target, budget: Budget, kv: KvResult) -> list[Stage]:
             tokens=int(kv.num_blocks[i] * kv.pool_tokens / kv.pool_blocks) if kv.pool_blocks else 0,
             pool_gib=kv.pool_blocks * per_block / GIB, request_gib=kv.needed[i] / GIB, holds_one=i not in kv.short,
             own_pool_gib=kv.own_pool[i] / GIB, host_gib=budget.host[i],
-            margin_gib=(budget.available[i] - kv.own_pool[i] - per_block - kv.needed[i]) / GIB))
+            margin_gib=kv.margins[i] / GIB))
     return stages
 
 

@@ -131,8 +131,7 @@ def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = N
         scheduler_config=SchedulerConfig(max_model_len=setup.max_model_len, max_num_seqs=setup.max_num_seqs,
                                          max_num_batched_tokens=setup.max_num_batched_tokens,
                                          is_encoder_decoder=False, async_scheduling=setup.async_scheduling),
-        attention_config=AttentionConfig(),
-        speculative_config=_speculative(setup),
+        attention_config=AttentionConfig(), speculative_config=_speculative(setup),
         kv_transfer_config=None, diffusion_config=None,
     )
     for name, value in fields.items():
@@ -428,6 +427,7 @@ class KvResult:
     needed: list[int]  # per stage, the bytes one max-model-len request takes there (vLLM's check's figure)
     own_pool: list[int]  # per stage, the bytes of its groups' pools of their own (patch 0016's VLLM_SWA_OWN_POOL)
     short: list[int]  # the stages whose own check fails, in vLLM's order
+    margins: list[int]  # per stage, the bytes its check has to spare over one request (negative: short)
     pool_blocks: int
     pool_tokens: int  # vLLM's logged "KV cache size: N tokens" (get_kv_cache_capacity)
     concurrency: float  # requests of max_model_len that fit
@@ -446,17 +446,18 @@ def size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], ava
 
 
 def _stage_checks(builder: Any, config: VllmConfig, projected: list[list[KVCacheGroupSpec]],
-                  available: list[int]) -> tuple[list[int], list[int]]:
+                  available: list[int]) -> tuple[list[int], list[int], list[int]]:
     """Each stage's share of get_kv_cache_configs's check: one max-model-len request's bytes against the budget less
-    its own pools (patch 0016) and the null block (a block as the builder sizes it since 0.34.0); the short stages."""
-    needed, short = [], []
+    its own pools (patch 0016) and the null block (a block as the builder sizes it since 0.34.0); short, margins."""
+    needed, short, margins = [], [], []
     for stage, (groups, avail) in enumerate(zip(projected, available)):
         need = kvp._max_memory_usage_bytes_from_groups(builder, config, groups) if groups else 0
         needed.append(need)
         check = avail - _own_bytes(groups) - kvp._pool_bytes_per_block_from_builder(builder, config, groups)
+        margins.append(check - need)
         if groups and (check <= 0 or need > check):
             short.append(stage)
-    return needed, short
+    return needed, short, margins
 
 
 def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], available: list[int]) -> KvResult:
@@ -473,7 +474,7 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
     # vLLM's own per-stage config: its blocks are what is left after a pool of the stage's own (patch 0016).
     blocks = [kvp.get_kv_cache_config_from_groups(config, g, avail).num_blocks if b else 0
               for g, avail, b in zip(projected, available, per_block)]
-    needed, short = _stage_checks(builder, config, projected, available)
+    needed, short, margins = _stage_checks(builder, config, projected, available)
     names = [f"{type(g.kv_cache_spec).__name__} x{len(g.layer_names)}" for g in groups]
     binding, refusal, refusal_stage = min(range(len(blocks)), key=blocks.__getitem__), None, None
     try:
@@ -495,5 +496,5 @@ def _size_pool(setup: KvSetup, hf_config: Any, bounds: list[tuple[int, int]], av
                    "with the drafter's sidecar ids")
         refusal_stage = binding
     own = [_own_bytes(g) for g in projected]
-    return KvResult(block, names, blocks, per_block, needed, own, short, scheduler.num_blocks, tokens, concurrency,
-                    refusal is None, refusal, refusal_stage)
+    return KvResult(block, names, blocks, per_block, needed, own, short, margins, scheduler.num_blocks, tokens,
+                    concurrency, refusal is None, refusal, refusal_stage)

@@ -33,8 +33,8 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                       model=Path(model) if model else None, kv_space_gib=kv_space_gib, memory_gib=memory_gib)
     given = plan(request)
     verdict = judge(given)
-    if verdict.value == "marginal" or (not given.starts and given.host_fits):
-        verdict = judge(given, longest_start(request))  # a bisection of full plans: only where it is a lever
+    if not search_partition and (verdict.value == "marginal" or (not given.starts and given.host_fits)):
+        verdict = judge(given, longest_start(request, given))  # a bisection of full plans: only where it is a lever
     result = given.to_json()
     if search_partition:
         found = search(request)

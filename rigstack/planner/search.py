@@ -53,11 +53,10 @@ def search(request: Request, reserve: Reserve = RESERVE) -> Plan:
     return max((probe, found), key=lambda candidate: (candidate.starts, candidate.pool_tokens))
 
 
-def longest_start(request: Request, reserve: Reserve = RESERVE) -> int | None:
-    """The longest max-model-len, in whole blocks, at which the request's plan `starts` (its margin past the error
-    bar), found by bisection with full plans, since the KV budget itself moves with max-model-len (workspaces
-    sized by it); None if not even one block does."""
-    probe = plan(request, reserve)
+def longest_start(request: Request, probe: Plan, reserve: Reserve = RESERVE) -> int | None:
+    """The longest max-model-len, in whole blocks, at which the request's plan (`probe`, already made) `starts` (its
+    margin past the error bar), found by bisection with full plans, since the KV budget itself moves with
+    max-model-len (workspaces sized by it); None if not even one block does."""
     block = probe.block_size
 
     def starts(blocks: int) -> bool:

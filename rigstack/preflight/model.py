@@ -200,6 +200,12 @@ def _weights_gib(ctx: Context) -> float | None:
     return ctx.profile.model.size_gib
 
 
+def _measured_card_gib(ctx: Context) -> float | None:
+    """The smallest of the replica's cards as NVML reports them; None unless this host has all of them."""
+    cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:ctx.profile.parallel.gpus_per_replica]]
+    return min(cards) if len(cards) == ctx.profile.parallel.gpus_per_replica else None
+
+
 def kv_budget_gib(ctx: Context) -> tuple[float, str] | None:
     """GiB left for KV after weights, and how it was worked out."""
     profile = ctx.profile
@@ -209,8 +215,7 @@ def kv_budget_gib(ctx: Context) -> tuple[float, str] | None:
     weights = _weights_gib(ctx)
     if weights is None:
         return None
-    cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:profile.parallel.gpus_per_replica]]
-    per_card = min(cards) if len(cards) == profile.parallel.gpus_per_replica else profile.hardware.card_gib
+    per_card = _measured_card_gib(ctx) or profile.hardware.card_gib
     if not per_card:
         return None
     util = float(profile.vllm.get("gpu-memory-utilization", 0.9))
@@ -224,9 +229,8 @@ def _planned_room(ctx: Context, max_len: int) -> Result:
     """kv-room from the capacity planner: vLLM's own KV sizing per stage and its own startup check."""
     from rigstack.planner import plan_dict
 
-    # On the rig a card's memory is what NVML reports (the smallest of the replica's cards), not the profile's.
-    cards = [gpu.memory_gib for gpu in ctx.gpus.gpus[:ctx.profile.parallel.gpus_per_replica]]
-    measured = min(cards) if len(cards) == ctx.profile.parallel.gpus_per_replica else None
+    # On the rig a card's memory is what NVML reports, not the profile's.
+    measured = _measured_card_gib(ctx)
     plan = plan_dict(ctx.profile.source_files[-1], model=str(ctx.model) if ctx.model else None, memory_gib=measured)
     host = _host_short(plan)
     if host is not None:
