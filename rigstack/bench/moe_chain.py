@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import json
 import statistics
 import sys
@@ -188,7 +189,7 @@ def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
 
 
 def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds: int, reps: int, seed: int,
-          device: torch.device, programs: tuple[int, ...] = ()) -> dict:
+          device: torch.device, programs: tuple[int, ...] = (), say: Callable[[Point], None] = lambda p: None) -> dict:
     on_gpu = device.type == "cuda"
     eo = kernel_sources.load_expert_offload(interpret=not on_gpu)
     t = mlb.traces(4000, max(batches) * steps + 1, seed)
@@ -212,33 +213,43 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
         if on_gpu:
             _time([(gpu, capture(run_gpu), run_gpu)], rounds, reps, steps)
         points.append(gpu)
+        say(gpu)
         # The capped sweep: as many prefetch slots as the transfer the layer's compute covers (the cost model's rule
         # for losing nothing at accuracy 0).
         cap = max(1, int(statistics.median(gpu.step_s) / shape.layers / per_expert_s)) if on_gpu else 2
         for size in sizes:
             hot = [h.tolist() for h in mlb.per_layer_hot(counts, size)[:shape.layers]]
             plain = build_layers(eo, hosts, hot, shape, 0, device)
-            variants = [(Point(f"per-layer cache {size}", size, batch, None),
-                         chain.offloaded_steps(*plain, None, None), None)]
-            checked = _check(variants, [], chain, hot, reference, on_gpu)
-            # The default gather, then (--prefetch-programs) the same slots with the prefetch gather narrowed.
-            sweeps = [(shape.prefetch, ACCURACIES, None), (cap, CAPPED_ACCURACIES, None),
-                      *((slots, CAPPED_ACCURACIES, n) for n in programs for slots in (shape.prefetch, cap))]
-            for slots, accuracies, narrow in sweeps:
-                fetching = build_layers(eo, hosts, hot, shape, slots, device, narrow)
-                label = "" if narrow is None else f" p{narrow}"
-                variants = []
-                for accuracy in accuracies:
-                    lists, lcounts = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
-                    variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}{label}", size, batch,
-                                           accuracy), chain.offloaded_steps(*fetching, lists, lcounts), lists))
-                checked += _check(variants, fetching[0], chain, hot, reference, on_gpu)
-            if on_gpu:
-                _time(checked, rounds, reps, steps)
-            points += [point for point, *_ in checked]
-            del plain, fetching, checked, variants
-            if on_gpu:
-                torch.cuda.empty_cache()
+            # The default gather first; then (--prefetch-programs) each narrowed count timed beside the default at the
+            # same slots and the per-layer cache, one pair alive at a time (every set of layers holds its own cache
+            # and staging: eleven at once do not fit an 80 GB card at 66 hot).
+            groups = [("", [(shape.prefetch, ACCURACIES, None), (cap, CAPPED_ACCURACIES, None)])]
+            groups += [(f" pair p{n}", [(slots, CAPPED_ACCURACIES, None), (slots, CAPPED_ACCURACIES, n)])
+                       for n in programs for slots in (shape.prefetch, cap)]
+            for group, sweeps in groups:
+                variants = [(Point(f"per-layer cache {size}{group}", size, batch, None),
+                             chain.offloaded_steps(*plain, None, None), None)]
+                checked = _check(variants, [], chain, hot, reference, on_gpu)
+                for slots, accuracies, narrow in sweeps:
+                    fetching = build_layers(eo, hosts, hot, shape, slots, device, narrow)
+                    label = group if narrow is None else f" p{narrow}"
+                    variants = []
+                    for accuracy in accuracies:
+                        lists, lcounts = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
+                        variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}{label}", size, batch,
+                                               accuracy), chain.offloaded_steps(*fetching, lists, lcounts), lists))
+                    checked += _check(variants, fetching[0], chain, hot, reference, on_gpu)
+                if on_gpu:
+                    _time(checked, rounds, reps, steps)
+                points += [point for point, *_ in checked]
+                for point, *_ in checked:
+                    say(point)
+                del fetching, checked, variants
+                gc.collect()  # a narrowed layer's fill and its layer refer to each other: only the collector frees them
+                if on_gpu:
+                    torch.cuda.empty_cache()
+            del plain
+            gc.collect()
     return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
             "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
             "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
@@ -289,13 +300,16 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device("cpu" if args.cpu else "cuda")
     report = bench([int(n) for n in args.sizes.split(",")], [int(n) for n in args.batches.split(",")], args.steps,
                    shape, args.rounds, args.reps, args.seed, device,
-                   tuple(int(n) for n in args.prefetch_programs.split(",") if n))
+                   tuple(int(n) for n in args.prefetch_programs.split(",") if n), _say)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
-    for p in report["points"]:
-        median = f"{statistics.median(p['step_s']) * 1e3:.3f} ms" if p["step_s"] else "not timed"
-        print(f"batch {p['batch']} {p['name']:24s} {median}  hit picks {p['hit_picks']}")
     return 0
+
+
+def _say(p: Point) -> None:
+    """A line per point as soon as it is timed, so a run cut short still shows what it measured."""
+    median = f"{statistics.median(p.step_s) * 1e3:.3f} ms" if p.step_s else "not timed"
+    print(f"batch {p.batch} {p.name:24s} {median}  hit picks {p.hit_picks}", flush=True)
 
 
 if __name__ == "__main__":
