@@ -29,10 +29,26 @@ def added_python(diff: str) -> list[str]:
     return lines
 
 
-def env_reads(diff: str) -> frozenset[str]:
-    """Every env var name the diff's added Python code reads (see the module docstring for what counts)."""
+def reader_helpers(diff: str) -> frozenset[str]:
+    """The functions the diff adds that read the env var their parameter names (`def _env_int(name, ...)`)."""
+    return _scan(added_python(diff), {})[1]
+
+
+def env_reads(diff: str, helpers: frozenset[str] = frozenset()) -> frozenset[str]:
+    """Every env var name the diff's added Python code reads (see the module docstring for what counts); `helpers`
+    are reader functions another patch of the stack adds (0019 calls 0014's `_env_int`)."""
     lines = added_python(diff)
     constants = {m.group(1): m.group(2) for line in lines if (m := _CONSTANT.match(line))}
+    found, readers = _scan(lines, constants)
+    for reader in readers | helpers:
+        call = re.compile(rf"\b{reader}\(\s*{_ARG}")
+        found |= {name for line in lines for arg in call.findall(line)
+                  if (name := _resolve(arg, constants)) is not None}
+    return frozenset(found)
+
+
+def _scan(lines: list[str], constants: dict[str, str]) -> tuple[set[str], frozenset[str]]:
+    """The names read directly, and the functions whose parameter is what they read."""
     found: set[str] = set()
     readers: set[str] = set()
     function = None
@@ -45,11 +61,7 @@ def env_reads(diff: str) -> frozenset[str]:
                     found.add(name)
                 elif arg.islower() and function:  # a parameter: the function is a reader helper
                     readers.add(function)
-    for reader in readers:
-        call = re.compile(rf"\b{reader}\(\s*{_ARG}")
-        found |= {name for line in lines for arg in call.findall(line)
-                  if (name := _resolve(arg, constants)) is not None}
-    return frozenset(found)
+    return found, frozenset(readers)
 
 
 def _resolve(arg: str, constants: dict[str, str]) -> str | None:

@@ -12,7 +12,7 @@ from rigstack import treeswap
 from rigstack.errors import UserError
 from rigstack.invocation import command
 from rigstack.files import MIB, read_regular
-from rigstack.patchenv import env_reads
+from rigstack.patchenv import env_reads, reader_helpers
 from rigstack.versions import REPO_ROOT
 
 DEFAULT_PATCHES_DIR = REPO_ROOT / "patches"
@@ -137,8 +137,10 @@ class Stack:
         return frozenset(name for patch in self.patches for name in _ENV_VAR.findall(patch.header.switch))
 
     def env_reads(self) -> frozenset[str]:
-        """Every env var the stack's patches read: their Switch headers and what their added code reads."""
-        return self.switches().union(*(env_reads(patch.diff) for patch in self.patches))
+        """Every env var the stack's patches read: their Switch headers and what their added code reads, through
+        reader helpers any patch of the stack adds."""
+        helpers = frozenset().union(*(reader_helpers(patch.diff) for patch in self.patches))
+        return self.switches().union(*(env_reads(patch.diff, helpers) for patch in self.patches))
 
     def unfilled_notes(self) -> list[str]:
         """One warning per imported patch whose header still needs a person."""

@@ -3,7 +3,7 @@ patch 0014's VLLM_EXPERT_OFFLOAD_STAGING and two more FAILed rtxpro6000-1x-offlo
 
 from __future__ import annotations
 
-from rigstack.patchenv import env_reads
+from rigstack.patchenv import env_reads, reader_helpers
 from rigstack.stack import load_stack
 
 DIFF = '''diff --git a/vllm/x.py b/vllm/x.py
@@ -37,3 +37,21 @@ def test_the_stack_knows_what_0014_reads_beyond_its_switch_header() -> None:
     offload = {"VLLM_EXPERT_OFFLOAD_STAGING", "VLLM_EXPERT_OFFLOAD_CACHE", "VLLM_EXPERT_OFFLOAD_GROUPED_MIN_TOKENS"}
     assert offload <= stack.env_reads()
     assert not offload & stack.switches()  # its Switch: header gives none of them as NAME=VALUE
+
+
+def test_a_patch_calling_an_earlier_patch_s_reader_helper_reads_through_it() -> None:
+    # 0019 reads its gather's program count with 0014's _env_int, which 0019's own lines do not define.
+    assert "VLLM_X_LATER" not in env_reads(LATER)
+    assert env_reads(LATER, reader_helpers(DIFF)) == {"VLLM_X_LATER"}
+    stack = load_stack()
+    assert {"VLLM_EXPERT_OFFLOAD_PREFETCH_PROGRAMS", "VLLM_EXPERT_OFFLOAD_PREFETCH_BREAK_EVEN"} <= stack.env_reads()
+
+
+LATER = '''diff --git a/vllm/y.py b/vllm/y.py
+--- a/vllm/y.py
++++ b/vllm/y.py
+@@ -1 +1,3 @@
+ import os
++ENV_LATER = "VLLM_X_LATER"
++later = _env_int(ENV_LATER, 1)
+'''

@@ -8,8 +8,15 @@ step runs the layers in order; the graph replays `steps` consecutive decode step
 The prediction is set, not learned: before layer L runs, layer L+1's predicted list is overwritten with a list of
 min(its true misses, prefetch slots) uncached experts of which round(accuracy x that count) are true misses of the
 step and the rest experts it does not pick, so every accuracy moves the same bytes and only the hits differ (the
-patch's own prediction, the previous step's picks, is what this replaces). Every variant's outputs equal the
-all-on-GPU chain's bit for bit, and the prefetch hit counters equal the hits the lists imply, or the run stops.
+patch's own prediction, the previous step's picks, is what this replaces). The list goes through the layer's switch
+as the patch's own guess does: while the layer's guesses miss, nothing is gathered. Every variant's outputs equal
+the all-on-GPU chain's bit for bit, and the prefetch hit counters equal the hits the lists and a host replica of the
+switch imply, or the run stops. The switch's state carries over from replay to replay, so the timed steps are its
+steady state.
+
+The variants: the patch's defaults (8 gather programs, break-even 0.3), the same without the switch, and the gather
+at the kernel's full count without it (0019 as first measured), each group timed beside its own per-layer cache;
+--prefetch-programs adds a group a count, without the switch.
 
 It records, per variant, each layer-step's staged misses and the experts it prefetched for the next layer, so the
 overlap model (rigstack/offload_model.py) can predict the step from the all-on-GPU layer and the gather's rate of
@@ -20,7 +27,6 @@ toy sizes on the CPU reference paths (no timing), which is how CI checks it.
 from __future__ import annotations
 
 import argparse
-import functools
 import gc
 import json
 import statistics
@@ -62,6 +68,7 @@ class Point:
     staged: list[list[int]] = field(default_factory=list)  # [step][layer] distinct experts gathered after the router
     prefetched: list[list[int]] = field(default_factory=list)  # [step][layer] experts gathered for the next layer
     hit_picks: int = 0  # picks served from a prefetch area (the device counters)
+    off_steps: int = 0  # layer-steps whose area the switch left empty (the device counters)
 
 
 def predictions(ids: torch.Tensor, hot: list[list[int]], slots: int, accuracy: float, n_experts: int,
@@ -85,22 +92,34 @@ def predictions(ids: torch.Tensor, hot: list[list[int]], slots: int, accuracy: f
     return lists, counts
 
 
-def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None) -> tuple[list, list, int]:
-    """Per step and layer the staged misses and the experts prefetched for the next layer, and the hit picks."""
+def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None, break_even: float = 0.0,
+            decay: float = 0.5) -> tuple[list, list, int, int]:
+    """Per step and layer the staged misses and the experts prefetched for the next layer, the hit picks and the
+    layer-steps left unfilled; a layer's area is filled only while the decayed share of its guesses then picked is
+    at least the break-even (the patch's switch, replayed on the host from a fresh state)."""
     layers, steps = ids.shape[:2]
     staged = [[0] * layers for _ in range(steps)]
     prefetched = [[0] * layers for _ in range(steps)]
-    hit_picks = 0
+    hit_picks = off_steps = 0
+    used, guessed, on = [0.0] * layers, [0.0] * layers, [True] * layers
     for step in range(steps):
+        areas = []
         for layer in range(layers):
+            guess = set() if lists is None else set(lists[layer, step].tolist()) - {-1}
+            areas.append(guess if on[layer] else set())
             cached = set(hot[layer])
-            area = set() if lists is None else set(lists[layer, step].tolist()) - {-1}
-            picks = [e for e in ids[layer, step].flatten().tolist() if e not in cached]
-            hit_picks += sum(e in area for e in picks)
-            staged[step][layer] = len(set(picks) - area)
-            if lists is not None and layer + 1 < layers:
-                prefetched[step][layer] = int((lists[layer + 1, step] >= 0).sum())
-    return staged, prefetched, hit_picks
+            chosen = ids[layer, step].flatten().tolist()
+            picks = [e for e in chosen if e not in cached]
+            hit_picks += sum(e in areas[layer] for e in picks)
+            staged[step][layer] = len(set(picks) - areas[layer])
+            if lists is not None and layer > 0:  # the first layer is filled by none, so it judges nothing
+                off_steps += not on[layer]
+                used[layer] = decay * used[layer] + len(guess & set(chosen))
+                guessed[layer] = decay * guessed[layer] + len(guess)
+                on[layer] = used[layer] >= break_even * guessed[layer]
+        for layer in range(layers - 1):
+            prefetched[step][layer] = len(areas[layer + 1])
+    return staged, prefetched, hit_picks, off_steps
 
 
 def moe_batch(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor,
@@ -139,8 +158,7 @@ class Chain:
             for step in range(self.ids.shape[1]):
                 for layer, (offload, p) in enumerate(zip(layers, params)):
                     if d_lists is not None and layer + 1 < len(layers):
-                        layers[layer + 1].prefetch.predicted.copy_(d_lists[layer + 1, step])
-                        layers[layer + 1].prefetch.predicted_count.copy_(d_counts[layer + 1, step])
+                        layers[layer + 1].prefetch.predict(d_lists[layer + 1, step], d_counts[layer + 1, step])
 
                     def apply(x, ids, w, first, p=p):  # noqa: ANN001, ANN202
                         return moe_batch(x, p["w"].data, ids, w, self.shape)
@@ -150,34 +168,17 @@ class Chain:
 
 
 def build_layers(eo, hosts: list[torch.Tensor], hot: list[list[int]], shape: Shape, prefetch: int,
-                 device: torch.device, programs: int | None = None) -> tuple[list, list]:
+                 device: torch.device, programs: int | None = None, break_even: float = 0.0) -> tuple[list, list]:
+    """The chain's layers; `programs` None: the prefetch gather at the kernel's full count."""
     layers, params = [], []
     for i, host in enumerate(hosts):
         p = {"w": torch.nn.Parameter(host, requires_grad=False)}
         layers.append(eo.expert_offload.LayerOffload(p, hot[i], len(hot[i]), shape.staging, device, 1 << 30, False,
-                                                     f"layers.{i}", prefetch))
+                                                     f"layers.{i}", prefetch, programs, break_even))
         params.append(p)
     if prefetch:
         eo.expert_prefetch.link(layers, device)
-    if programs is not None:
-        _narrow_prefetch(eo, layers, programs)
     return layers, params
-
-
-def _narrow_prefetch(eo, layers: list, programs: int) -> None:
-    """Each layer's prefetch gather launched with `programs` Triton programs instead of 0013's default (two a
-    multiprocessor: every SM copying, which leaves the layer's own kernels none; issue 40). The layer's own miss
-    gather keeps the default. Swapped in around the call, so a captured graph records the narrow launch."""
-    kernels = eo.expert_offload._kernels()
-    full = kernels.gather_misses
-    for layer in layers:
-        def fill(original=layer.fill_prefetch) -> None:
-            kernels.gather_misses = functools.partial(full, programs=programs)
-            try:
-                original()
-            finally:
-                kernels.gather_misses = full
-        layer.fill_prefetch = fill
 
 
 def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
@@ -220,59 +221,69 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
         for size in sizes:
             hot = [h.tolist() for h in mlb.per_layer_hot(counts, size)[:shape.layers]]
             plain = build_layers(eo, hosts, hot, shape, 0, device)
-            # The default gather first; then (--prefetch-programs) each narrowed count timed beside the default at the
-            # same slots and the per-layer cache, one pair alive at a time (every set of layers holds its own cache
-            # and staging: eleven at once do not fit an 80 GB card at 66 hot).
-            groups = [("", [(shape.prefetch, ACCURACIES, None), (cap, CAPPED_ACCURACIES, None)])]
-            groups += [(f" pair p{n}", [(slots, CAPPED_ACCURACIES, None), (slots, CAPPED_ACCURACIES, n)])
-                       for n in programs for slots in (shape.prefetch, cap)]
-            for group, sweeps in groups:
+            # Each group beside its own per-layer cache, one group's layers alive at a time (every set of layers
+            # holds its own cache and staging: more than three at once do not fit an 80 GB card at 66 hot).
+            for group, sweeps in _groups(eo.expert_prefetch, (shape.prefetch, cap), programs):
                 variants = [(Point(f"per-layer cache {size}{group}", size, batch, None),
                              chain.offloaded_steps(*plain, None, None), None)]
-                checked = _check(variants, [], chain, hot, reference, on_gpu)
-                for slots, accuracies, narrow in sweeps:
-                    fetching = build_layers(eo, hosts, hot, shape, slots, device, narrow)
-                    label = group if narrow is None else f" p{narrow}"
+                checked = _check(variants, [], chain, hot, reference, on_gpu, (0.0, eo.expert_prefetch.DECAY))
+                for slots, accuracies, n_programs, break_even in sweeps:
+                    fetching = build_layers(eo, hosts, hot, shape, slots, device, n_programs, break_even)
                     variants = []
                     for accuracy in accuracies:
                         lists, lcounts = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
-                        variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}{label}", size, batch,
+                        variants.append((Point(f"prefetch {slots} {size} @ {accuracy:.1f}{group}", size, batch,
                                                accuracy), chain.offloaded_steps(*fetching, lists, lcounts), lists))
-                    checked += _check(variants, fetching[0], chain, hot, reference, on_gpu)
+                    checked += _check(variants, fetching[0], chain, hot, reference, on_gpu,
+                                      (break_even, eo.expert_prefetch.DECAY))
                 if on_gpu:
                     _time(checked, rounds, reps, steps)
-                points += [point for point, *_ in checked]
                 for point, *_ in checked:
+                    points.append(point)
                     say(point)
                 del fetching, checked, variants
-                gc.collect()  # a narrowed layer's fill and its layer refer to each other: only the collector frees them
+                gc.collect()  # device memory held in reference cycles goes back before the cache is emptied
                 if on_gpu:
                     torch.cuda.empty_cache()
             del plain
-            gc.collect()
     return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
             "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
             "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
 
 
+def _groups(prefetch, slot_counts: tuple[int, int], programs: tuple[int, ...]) -> list[tuple[str, list]]:
+    """(label, [(slots, accuracies, gather programs, break-even)]): the patch's defaults, the same without the switch,
+    the gather at the kernel's full count (None) without it, and each --prefetch-programs count without it."""
+    ours = (prefetch.PROGRAMS, prefetch.BREAK_EVEN)
+    configs = [("", ours, ACCURACIES), (" no switch", (ours[0], 0.0), CAPPED_ACCURACIES),
+               (" full gather", (None, 0.0), CAPPED_ACCURACIES),
+               *((f" p{n}", (n, 0.0), CAPPED_ACCURACIES) for n in programs)]
+    return [(label, [(slots, accuracies, *config) for slots in slot_counts]) for label, config, accuracies in configs]
+
+
 def _check(variants: list, fetching: list, chain: Chain, hot: list[list[int]], reference: torch.Tensor,
-           on_gpu: bool) -> list:
-    """Capture each variant (on CUDA), run it once, and stop unless it equals the all-on-GPU chain and its prefetch
-    counters show the hits its lists imply."""
+           on_gpu: bool, switch: tuple[float, float]) -> list:
+    """Capture each variant (on CUDA), run it once from a fresh switch, and stop unless it equals the all-on-GPU
+    chain and its prefetch counters show the hits its lists and the switch (break-even, decay) imply."""
     done = []
     for point, run, lists in variants:
         graph = capture(run) if on_gpu else None
         for layer in fetching:
             layer.prefetch.reset_counters()
+            layer.prefetch.used.zero_()
+            layer.prefetch.guessed.zero_()
+            layer.prefetch.on.fill_(True)
         chain.out.fill_(float("nan"))
         _once(run, graph)
         if not torch.equal(chain.out, reference):
             raise SystemExit(f"{point.name}, batch {point.batch}: the chain's outputs differ from the all-on-GPU one")
-        point.staged, point.prefetched, point.hit_picks = traffic(chain.ids, hot, lists)
-        counted = sum(int(layer.prefetch.hits) for layer in fetching) if lists is not None else 0
-        if counted != point.hit_picks:
-            raise SystemExit(f"{point.name}, batch {point.batch}: the prefetch counters say {counted} hit picks, the "
-                             f"lists imply {point.hit_picks}")
+        point.staged, point.prefetched, point.hit_picks, point.off_steps = traffic(chain.ids, hot, lists, *switch)
+        counted = [sum(int(getattr(layer.prefetch, name)) for layer in fetching) if lists is not None else 0
+                   for name in ("hits", "off_steps")]
+        if counted != [point.hit_picks, point.off_steps]:
+            raise SystemExit(f"{point.name}, batch {point.batch}: the prefetch counters say {counted[0]} hit picks "
+                             f"and {counted[1]} unfilled layer-steps, the lists and the switch imply "
+                             f"{point.hit_picks} and {point.off_steps}")
         done.append((point, graph, run))  # the run's closure keeps the layers the graph reads alive
     return done
 

@@ -24,11 +24,12 @@ def test_the_cpu_chain_runs_checks_and_counts_its_hits(tmp_path: Path) -> None:
         assert points[batch, "all on the GPU"]["step_s"] == []  # the CPU mode times nothing
 
 
-def test_a_narrowed_prefetch_gather_is_launched_and_changes_nothing_but_its_width(tmp_path: Path,
+def test_the_gather_width_and_the_switch_reach_the_layers_and_change_nothing_else(tmp_path: Path,
                                                                                   monkeypatch) -> None:
-    """Issue 40's sweep: --prefetch-programs N launches each layer's prefetch gather with N programs (the layer's
-    own miss gather keeps the default) and every narrowed variant still equals the all-on-device chain with the
-    same hits as the default gather."""
+    """Issue 40: the patch's defaults launch each prefetch gather with 8 programs, --prefetch-programs N with N and
+    the "full gather" group at the kernel's full count (the miss gathers always at the full count); without the
+    switch every width gives the same hits; with it, a layer whose guesses all miss is left unfilled after its first
+    judged step, on the device as in the host replica (the bench stops when they differ)."""
     eo = bench.kernel_sources.load_expert_offload(interpret=True)
     kernels = eo.expert_offload._kernels()
     widths: list[int | None] = []
@@ -40,10 +41,16 @@ def test_a_narrowed_prefetch_gather_is_launched_and_changes_nothing_but_its_widt
 
     monkeypatch.setattr(kernels, "gather_misses", recording)
     out = tmp_path / "chain.json"
-    assert bench.main(["--cpu", "--sizes", "66", "--batches", "1", "--steps", "2", "--prefetch-programs", "8",
+    assert bench.main(["--cpu", "--sizes", "66", "--batches", "1", "--steps", "3", "--prefetch-programs", "5",
                        "--out", str(out)]) == 0
     points = {p["name"]: p for p in json.loads(out.read_text())["points"]}
     for accuracy in bench.CAPPED_ACCURACIES:
         name = f"prefetch 16 66 @ {accuracy:.1f}"
-        assert points[f"{name} p8"]["hit_picks"] == points[name]["hit_picks"]
-    assert 8 in widths and None in widths  # the prefetch gathers narrowed, the miss gathers at the default
+        assert points[f"{name} p5"]["hit_picks"] == points[f"{name} full gather"]["hit_picks"] == (
+            points[f"{name} no switch"]["hit_picks"])
+    assert {8, 5, None} <= set(widths)
+    # Accuracy 0: the switch leaves every layer after the first unfilled once it has judged one guess.
+    off, on = points["prefetch 16 66 @ 0.0"], points["prefetch 16 66 @ 0.0 no switch"]
+    assert off["off_steps"] > 0 and on["off_steps"] == 0
+    assert sum(off["prefetched"][0]) == sum(on["prefetched"][0]) > 0 and sum(off["prefetched"][2]) == 0
+    assert points["prefetch 16 66 @ 1.0"]["off_steps"] == 0

@@ -1,9 +1,12 @@
 """Patch 0019: expert offload prefetch (VLLM_EXPERT_OFFLOAD_PREFETCH=N). On CPU with vLLM's own CPU MoE kernel over
 prepacked weights (test_0014's layer): a chain of offloaded layers, each filling the next one's prefetch area with
 that layer's predicted experts, against the same layers with every expert resident; the hit counters against a
-hand model of the prediction; and the settings that must stop the boot."""
+hand model of the prediction and of the switch that stops filling a layer whose guesses miss; the program count the
+prefetch gather launches with; and the settings that must stop the boot."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
@@ -23,11 +26,13 @@ def eo():
     return expert_offload
 
 
-def _chain(eo, weights, n_layers: int, prefetch: int):
+def _chain(eo, weights, n_layers: int, prefetch: int, break_even: float = 0.0, programs: int = 8):
+    """Offloaded layers, each filling the next one's area; break-even 0 (the default here): every guess gathered."""
     layers, params = [], []
     for i in range(n_layers):
         p = {name: torch.nn.Parameter(t.clone(), requires_grad=False) for name, t in zip(("w13", "w2"), weights)}
-        layers.append(eo.LayerOffload(p, HOT, CACHE, STAGING, torch.device("cpu"), 8, False, f"layers.{i}", prefetch))
+        layers.append(eo.LayerOffload(p, HOT, CACHE, STAGING, torch.device("cpu"), 8, False, f"layers.{i}", prefetch,
+                                      programs, break_even))
         params.append(p)
     if prefetch:
         eo.expert_prefetch.link(layers, torch.device("cpu"))
@@ -63,11 +68,85 @@ def test_prefetched_chain_equals_the_resident_layers_and_counts_its_hits(eo) -> 
     hits, staged = _expected_hits(STEPS)
     assert hits > 0 and staged > 0
     assert eo.expert_prefetch.counters(layers) == {
-        "layers.0": {"hits": 0, "staged": hits + staged}, "layers.1": {"hits": hits, "staged": staged},
-        "layers.2": {"hits": hits, "staged": staged}}
+        "layers.0": {"hits": 0, "staged": hits + staged, "off_steps": 0},
+        "layers.1": {"hits": hits, "staged": staged, "off_steps": 0},
+        "layers.2": {"hits": hits, "staged": staged, "off_steps": 0}}
     # Layer 1's area holds what layer 0 gathered for the last step: the first PREFETCH uncached picks of the one before.
     for slot, expert in enumerate(sorted(set(STEPS[-2]) - CACHED)[:PREFETCH]):
         assert torch.equal(layers[1].buf["w13"][CACHE + slot], weights[0][expert])
+
+
+# Guesses that hit, then miss (the switch turns the fill off), then would hit again (it turns back on).
+SWITCH_STEPS = [[0, 3], [0, 3], [4, 6], [2, 3], [2, 3], [2, 3], [1, 7], [0, 6], [0, 6]]
+
+
+def _switch_model(steps: list[list[int]], break_even: float, decay: float) -> tuple[int, int, int, list[bool]]:
+    """(hits, staged picks, steps with the area left empty, whether each step's area was filled) of a layer that a
+    layer before it fills while the decayed share of its guesses that were then picked is at least the break-even."""
+    hits = staged = off = 0
+    used = guessed = 0.0
+    on, guess, filled = True, [], []
+    for picks in steps:
+        filled.append(on)
+        off += not on
+        area = guess if on else []
+        for e in picks:
+            if e not in CACHED:
+                hits, staged = (hits + 1, staged) if e in area else (hits, staged + 1)
+        used = decay * used + len(set(guess) & set(picks))
+        guessed = decay * guessed + len(guess)
+        on = used >= break_even * guessed
+        guess = sorted(set(picks) - CACHED)[:PREFETCH]
+    return hits, staged, off, filled
+
+
+def test_a_layer_whose_guesses_miss_is_not_filled_until_they_would_pay(eo) -> None:
+    """The switch (VLLM_EXPERT_OFFLOAD_PREFETCH_BREAK_EVEN): judged on the device from the layer's own guesses,
+    gathered or not; while off, the layer before gathers nothing into its area, and the output never changes."""
+    weights = prepacked(torch.bfloat16)
+    break_even = 0.5
+    layers, params = _chain(eo, weights, 2, PREFETCH, break_even)
+    hits, staged, off, filled = _switch_model(SWITCH_STEPS, break_even, eo.expert_prefetch.DECAY)
+    assert False in filled and filled[filled.index(False):].count(True) and hits > 0  # off, then on again
+    empty_seen = False
+    for step, picks in enumerate(SWITCH_STEPS):
+        for i, (layer, p) in enumerate(zip(layers, params)):
+            x, w, _ = route(1, 10 * step + i)
+            ids = torch.tensor([picks], dtype=torch.int32)
+            out = layer.forward(x, ids, w, kernel(p["w13"], p["w2"]))
+            assert torch.equal(out, resident_output(weights, x, w, ids)), (step, i)
+        nxt = layers[1].prefetch
+        if not bool(nxt.on) and int(nxt.guess_count) > 0:
+            assert int(nxt.predicted_count) == 0 and bool((nxt.predicted < 0).all())  # guessed, not to be gathered
+            empty_seen = True
+    assert empty_seen
+    assert eo.expert_prefetch.counters(layers)["layers.1"] == {"hits": hits, "staged": staged, "off_steps": off}
+
+
+def test_the_prefetch_gather_launches_with_its_own_program_count(eo, monkeypatch) -> None:
+    """The prefetch gather runs with VLLM_EXPERT_OFFLOAD_PREFETCH_PROGRAMS programs; the layer's own miss gather
+    keeps the kernel's full count (None)."""
+    kernels = eo._kernels()
+    calls: list[tuple[int, int | None]] = []
+    full = kernels.gather_misses
+
+    def spy(src, miss_list, miss_count, dst, **kwargs):  # noqa: ANN001, ANN202
+        calls.append((dst.shape[0], kwargs.get("programs")))
+        return full(src, miss_list, miss_count, dst, **kwargs)
+
+    monkeypatch.setattr(kernels, "gather_misses", spy)
+    weights = prepacked(torch.bfloat16)
+    for programs in (8, 3):
+        calls.clear()
+        layers, params = _chain(eo, weights, 2, PREFETCH, programs=programs)
+        for step, picks in enumerate(STEPS[:3]):
+            for i, (layer, p) in enumerate(zip(layers, params)):
+                x, w, _ = route(1, 10 * step + i)
+                layer.forward(x, torch.tensor([picks], dtype=torch.int32), w, kernel(p["w13"], p["w2"]))
+        # Per step: layer 0's misses, then its fill of layer 1's area, then layer 1's misses (w13 and w2 each).
+        assert {c for c in calls if c[0] == PREFETCH} == {(PREFETCH, programs)}
+        assert {c for c in calls if c[0] == STAGING} == {(STAGING, None)}
+        assert len(calls) == 3 * 3 * 2
 
 
 def test_prefill_with_prefetch_on_is_the_prefill_without(eo) -> None:
@@ -115,3 +194,32 @@ def test_the_prefetch_areas_come_out_of_the_budget(eo, monkeypatch) -> None:
                                                     r"layers x 2 x 1.0 MiB = 0.01 GiB\) take all of "
                                                     r"VLLM_EXPERT_OFFLOAD_BUDGET_GIB=0.0078125"):
         eo.cache_size(over, n_experts=8, n_layers=4, expert_bytes=mib)
+
+
+PROGRAMS, BREAK_EVEN = "VLLM_EXPERT_OFFLOAD_PREFETCH_PROGRAMS", "VLLM_EXPERT_OFFLOAD_PREFETCH_BREAK_EVEN"
+
+
+@pytest.mark.parametrize(("name", "raw", "message"), [
+    (PROGRAMS, "0", f"{PROGRAMS}=0: the prefetch gather needs at least 1 Triton program (unset: 8)"),
+    (PROGRAMS, "-4", f"{PROGRAMS}=-4: the prefetch gather needs at least 1 Triton program"),
+    (PROGRAMS, "many", f"{PROGRAMS}='many' is not a whole number"),
+    (BREAK_EVEN, "1", f"{BREAK_EVEN}='1': give a share of guessed experts from 0 (every guess gathered) up to but "
+                      "not 1 (unset: 0.3)"),
+    (BREAK_EVEN, "-0.1", f"{BREAK_EVEN}='-0.1': give a share"),
+    (BREAK_EVEN, "nan", f"{BREAK_EVEN}='nan': give a share"),
+    (BREAK_EVEN, "half", f"{BREAK_EVEN}='half': give a share"),
+])
+def test_a_program_count_or_break_even_the_layer_cannot_use_stops_the_boot(eo, monkeypatch, name: str, raw: str,
+                                                                           message: str) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match="^" + re.escape(message)):
+        offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_PREFETCH="2",
+                         **{name: raw})
+
+
+def test_the_gather_and_switch_settings_default_to_the_measured_ones(eo, monkeypatch) -> None:
+    settings = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_PREFETCH="2")
+    assert (settings.prefetch_programs, settings.break_even) == (8, 0.3)
+    settings = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_PREFETCH="2",
+                                VLLM_EXPERT_OFFLOAD_PREFETCH_PROGRAMS="16",
+                                VLLM_EXPERT_OFFLOAD_PREFETCH_BREAK_EVEN="0")
+    assert (settings.prefetch_programs, settings.break_even) == (16, 0.0)
