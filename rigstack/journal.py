@@ -56,7 +56,7 @@ def recover(repo: PackageRepo) -> tuple[str, ...]:
         path.unlink()
         return (f"removed an unreadable journal ({path.name}) of a run killed before its checkout started; the "
                 "package is as its history says",)
-    edited = edited_files(repo, entry.before, entry.target)
+    edited, short = _unexplained(repo, entry.before, entry.target)
     if edited:
         more = f" and {len(edited) - 1} more" if len(edited) > 1 else ""
         undo = f"git -C {repo.package} --git-dir={repo.git_dir} --work-tree=. checkout {entry.target[:12]} --"
@@ -67,7 +67,9 @@ def recover(repo: PackageRepo) -> tuple[str, ...]:
     repo.reset_hard(entry.target)
     record(repo, entry.stamp)
     path.unlink()
-    return (f"recovered an interrupted apply: the package now holds {entry.target[:12]}",)
+    rewrote = (f" (rewrote {', '.join(short)}: missing or cut short, as a checkout killed mid-write leaves a file, "
+               "and as an emptied one looks)" if short else "")
+    return (f"recovered an interrupted apply: the package now holds {entry.target[:12]}{rewrote}",)
 
 
 def _read(path: Path, repo: PackageRepo) -> Journal | None:
@@ -86,20 +88,24 @@ def _read(path: Path, repo: PackageRepo) -> Journal | None:
     return Journal(before, target, stamp)
 
 
-def edited_files(repo: PackageRepo, before: str, target: str) -> list[str]:
-    """Package files an interrupted checkout from `before` to `target` cannot explain: not what either commit holds.
+def _unexplained(repo: PackageRepo, before: str, target: str) -> tuple[list[str], list[str]]:
+    """Package files an interrupted checkout from `before` to `target` cannot explain (not what either commit holds),
+    and the checkout's files it left missing or short.
 
-    A file the checkout writes may also be missing or shorter than the target's (git unlinks, then writes it, and a
-    kill can land in between); those are the checkout's own, not the user's."""
+    git writes a file by unlinking it, then writing it from the start, so a kill can leave a file the checkout writes
+    missing or holding the first bytes of the target's. Those are the checkout's own, and the recovery finishes
+    them; a file the user emptied or deleted there looks the same and is finished too (the note names each)."""
     ends = repo.changed_blobs(before, target)
     edited = [path for path in repo.modified_files() if path not in ends]
     present = [path for path in ends if (repo.package / path).is_file()]
     found = repo.work_blobs(present)
+    short = []
     for path, (old, new) in ends.items():
         blob = found.get(path)
-        if blob is None or blob in (old, new):
+        if blob in (old, new) and blob is not None:
             continue
-        if new is not None and repo.blob_bytes(new).startswith((repo.package / path).read_bytes()):
-            continue
-        edited.append(path)
-    return sorted(edited)
+        if new is not None and (blob is None or repo.blob_bytes(new).startswith((repo.package / path).read_bytes())):
+            short.append(path)
+        elif blob is not None:
+            edited.append(path)
+    return sorted(edited), sorted(short)

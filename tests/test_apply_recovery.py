@@ -86,6 +86,43 @@ def test_recovery_refuses_files_edited_after_a_killed_apply(cpu_package: Path, t
     assert PackageRepo(cpu_package).dirty_files() == []
 
 
+def test_a_checkout_killed_mid_write_is_finished_and_names_what_it_rewrote(cpu_package: Path,
+                                                                           two_patches: Path) -> None:
+    """Issue 37 item 5: the partial-write branch, pinned rather than left to a randomly timed kill. After the kill,
+    one written file cut to half and another deleted (what git leaves between its unlink and its last write): the
+    next run finishes both and names them. A file the user emptied there looks the same and is finished too (the
+    note names it); one emptied outside the checkout's files is the user's edit and is refused."""
+    assert _apply(cpu_package, two_patches, "--until", "0001").returncode == 0
+    apply_killed_at("after-checkout-files", "apply", "--from", f"dir:{cpu_package}", "--patches", str(two_patches))
+    target = _files(cpu_package)  # every file of the checkout written; the stamp still 0001's
+    target.pop(STAMP_NAME, None)
+    sched, added = cpu_package / SCHED, cpu_package / "rigstack_added.py"
+    sched.write_bytes(target[SCHED][:len(target[SCHED]) // 2])
+    added.unlink()
+    done = _apply(cpu_package, two_patches)
+    assert done.returncode == 0, done.stderr
+    assert f"(rewrote rigstack_added.py, {SCHED}: missing or cut short" in done.stderr, done.stderr
+    assert _unstamped(cpu_package) == target and read_stamp(cpu_package).patch_ids == ("0001", "0002")
+    assert PackageRepo(cpu_package).dirty_files() == []
+
+    assert _apply(cpu_package, two_patches, "--until", "0001").returncode == 0
+    apply_killed_at("after-checkout-files", "apply", "--from", f"dir:{cpu_package}", "--patches", str(two_patches))
+    (cpu_package / "logger.py").write_bytes(b"")
+    refused = _apply(cpu_package, two_patches)
+    assert refused.returncode == 1 and "logger.py differ from both" in one_line_error(refused)
+    (cpu_package / "logger.py").write_bytes(target["logger.py"])
+    sched.write_bytes(b"")
+    emptied = _apply(cpu_package, two_patches)
+    assert emptied.returncode == 0 and f"(rewrote {SCHED}: missing or cut short" in emptied.stderr, emptied.stderr
+    assert _unstamped(cpu_package) == target
+
+
+def _unstamped(package: Path) -> dict[str, bytes]:
+    files = _files(package)
+    files.pop(STAMP_NAME, None)
+    return files
+
+
 def test_a_deleted_stamp_is_rebuilt_from_the_history_never_removing_it(cpu_package: Path, two_patches: Path) -> None:
     """Item 3: with the stamp deleted, the tool's own advice (`apply --from dir:PKG`) deleted the git dir and the
     combined diff. The history is the record: the stamp is rebuilt from it."""
