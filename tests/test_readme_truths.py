@@ -8,6 +8,7 @@ import re
 import shlex
 import subprocess
 import sys
+import xml.etree.ElementTree as ET
 
 from rigstack.rigimages import laid_files
 from rigstack.localbase import ROOTFS_PACKAGES
@@ -50,3 +51,17 @@ def test_the_cpu_base_docs_name_its_compiler() -> None:
     for path in (REPO_ROOT / "profiles" / "cpu-tiny-docker.yaml", REPO_ROOT / "images" / "README.md"):
         text = path.read_text()
         assert "g++" in text and "no C++ compiler" not in text, path
+
+
+def test_the_last_gpu_run_row_is_its_committed_result_file() -> None:
+    """Issue 37 item 4: the README's last GPU run says what the junit file it names holds (counts and date)."""
+    row = _row("| the GPU tests, last run")
+    file = REPO_ROOT / re.search(r"`(measured/gpu/[^`]+\.xml)`", row).group(1)
+    suite = ET.parse(file).getroot()
+    suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+    failed = int(suite.get("failures")) + int(suite.get("errors"))
+    passed = int(suite.get("tests")) - failed - int(suite.get("skipped"))
+    counts = re.search(r"\*\*(\d+) passed, (\d+) failed, (\d+) skipped\*\*", row).groups()
+    assert tuple(map(int, counts)) == (passed, failed, int(suite.get("skipped"))), row
+    date = row.split("| ")[2][:10]
+    assert suite.get("timestamp", "").startswith(date) and file.parent.name.startswith(date), row
