@@ -269,10 +269,7 @@ def _check(variants: list, fetching: list, chain: Chain, hot: list[list[int]], r
     for point, run, lists in variants:
         graph = capture(run) if on_gpu else None
         for layer in fetching:
-            layer.prefetch.reset_counters()
-            layer.prefetch.used.zero_()
-            layer.prefetch.guessed.zero_()
-            layer.prefetch.on.fill_(True)
+            layer.prefetch.restart()
         chain.out.fill_(float("nan"))
         _once(run, graph)
         if not torch.equal(chain.out, reference):

@@ -109,19 +109,23 @@ def test_a_layer_whose_guesses_miss_is_not_filled_until_they_would_pay(eo) -> No
     layers, params = _chain(eo, weights, 2, PREFETCH, break_even)
     hits, staged, off, filled = _switch_model(SWITCH_STEPS, break_even, eo.expert_prefetch.DECAY)
     assert False in filled and filled[filled.index(False):].count(True) and hits > 0  # off, then on again
-    empty_seen = False
-    for step, picks in enumerate(SWITCH_STEPS):
-        for i, (layer, p) in enumerate(zip(layers, params)):
-            x, w, _ = route(1, 10 * step + i)
-            ids = torch.tensor([picks], dtype=torch.int32)
-            out = layer.forward(x, ids, w, kernel(p["w13"], p["w2"]))
-            assert torch.equal(out, resident_output(weights, x, w, ids)), (step, i)
-        nxt = layers[1].prefetch
-        if not bool(nxt.on) and int(nxt.guess_count) > 0:
-            assert int(nxt.predicted_count) == 0 and bool((nxt.predicted < 0).all())  # guessed, not to be gathered
-            empty_seen = True
-    assert empty_seen
-    assert eo.expert_prefetch.counters(layers)["layers.1"] == {"hits": hits, "staged": staged, "off_steps": off}
+    for run in range(2):  # the second run after restart(): the switch starts over as on the first step
+        empty_seen = False
+        for step, picks in enumerate(SWITCH_STEPS):
+            for i, (layer, p) in enumerate(zip(layers, params)):
+                x, w, _ = route(1, 10 * step + i)
+                ids = torch.tensor([picks], dtype=torch.int32)
+                out = layer.forward(x, ids, w, kernel(p["w13"], p["w2"]))
+                assert torch.equal(out, resident_output(weights, x, w, ids)), (run, step, i)
+            nxt = layers[1].prefetch
+            if not bool(nxt.on) and int(nxt.guess_count) > 0:
+                assert int(nxt.predicted_count) == 0 and bool((nxt.predicted < 0).all())  # guessed, not gathered
+                empty_seen = True
+        assert empty_seen
+        counted = eo.expert_prefetch.counters(layers)["layers.1"]
+        assert counted == {"hits": hits, "staged": staged, "off_steps": off}, run
+        for layer in layers:
+            layer.prefetch.restart()
 
 
 def test_the_prefetch_gather_launches_with_its_own_program_count(eo, monkeypatch) -> None:
