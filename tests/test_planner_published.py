@@ -24,7 +24,9 @@ BANDS = {
     "seed 001 + MTP k=3": (0.33, 0.44),  # and the seed's early MTP cache was not yet aliased
     "seed 001 + FP8 linear attention": (0.48, 0.59),  # the same step's cache, one step later
     "seed 001 + 4-bit experts": (0.83, 0.94),
-    "seed 004 TP2 replica": (0.95, 2.0),  # SGLang's --max-total-tokens is a cap: at least it, a replica
+    # SGLang's --max-total-tokens, a cap the owner set, with the owner's NextN (depth 3 assumed) at 524,288: vLLM's
+    # check refuses that on the pin (the planner's pool is well under the cap SGLang held)
+    "seed 004 TP2 replica, NextN": (0.55, 0.75),
 }
 
 
@@ -83,3 +85,18 @@ def test_no_shipped_gpu_profile_is_marginal_or_refused(shipped_rows: list[dict])
     """Issue 38 item 2: every shipped GPU profile starts with more room than the planner's error bar."""
     judged = {row["profile"]: (row["verdict"], round(row["margin_gib"], 2)) for row in shipped_rows}
     assert all(verdict == "starts" for verdict, _ in judged.values()), judged
+
+
+def test_each_seed_row_plans_the_owners_configuration_beside_rigstacks(rows: list[dict]) -> None:
+    """Issue 38 item 3: the owner's own settings planned (seed 004 with its NextN at its 524,288 context), rigstack's
+    profile beside it, one planner for both, and every setting the profile changes named (NextN dropped, prefix
+    caching turned off)."""
+    by_case = {row["case"]: row for row in rows}
+    seed004 = by_case["seed 004 TP2 replica, NextN"]
+    assert not seed004["starts"] and seed004["owner"]["max_model_len"] == 524_288
+    assert {"speculative-config.method mtp -> unset", "max-model-len 524,288 -> 327,680"} <= set(seed004["changes"])
+    six = by_case["seed 002 6 cards AWQ, prefix caching"]
+    assert "enable-prefix-caching True -> False" in six["changes"]
+    assert six["like_for_like"] == six["pin_tokens"] / six["planned"] < six["pin_ratio"]
+    assert by_case["seed 003 PP9, 0.93"]["changes"] == ["VLLM_SPARSE_INDEXER_MAX_LOGITS_MB 512 -> 256",
+                                                        "drafter KV own -> grouped by vLLM (0016/0017)"]

@@ -29,23 +29,36 @@ def show_plan(plan: dict[str, Any], png: Path, as_json: bool) -> None:
 
 
 PUBLISHED_HEADER = ("| case | published | planned | ratio | binding stage | vLLM starts | "
-                    "rigstack on the pin (the shipped profile) |")
+                    "rigstack on the pin (the shipped profile) | sessions: owner's configuration / rigstack's | "
+                    "rigstack / owner (one planner for both) | what rigstack's profile changes |")
 
 
 def published_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The README's published-pools table, one markdown line per row (tests/test_planner_published.py keeps the
     README's the same, cell by cell)."""
-    lines = [PUBLISHED_HEADER, "|---|---:|---:|---:|---:|---|---|"]
+    lines = [PUBLISHED_HEADER, "|---|---:|---:|---:|---:|---|---|---|---:|---|"]
     for row in rows:
         about = "about " if row["approximate"] else ""
         what = f" ({row['compared']})" if row["compared"] else ""
         own = {"own": " (drafter KV apart)", "sidecar": " (drafter sidecar ids)"}.get(row["drafter_kv"], "")
-        pin = ""
+        pin = sessions = like = changed = ""
         if row["pin_tokens"] is not None:
             pin = f"{row['profile']}: {row['pin_tokens']:,}, {row['pin_ratio']:.3f}, {row['pin_verdict']}"
+            sessions = f"{_running(row['owner'])} / {_running(row['pin'])}"
+            like = f"{row['like_for_like']:.2f}x pool, {row['like_for_like_sessions']:.2f}x sessions"
+            changed = "; ".join(row["changes"]) or "nothing"
         lines.append(f"| {row['case']}{own} | {about}{row['published']:,}{what} | {row['planned']:,} | "
-                     f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} |")
+                     f"{row['ratio']:.3f} | {row['binding_stage']} | {'yes' if row['starts'] else 'no'} | {pin} | "
+                     f"{sessions} | {like} | {changed} |")
     return lines
+
+
+def _running(sessions: dict[str, Any]) -> str:
+    """Max-model-len requests that can run at once; the pool's (with the error bar's share) where it holds more."""
+    length = f"{sessions['max_model_len'] // 1024:,}k"
+    if sessions["held"] > sessions["admitted"]:
+        return f"{sessions['admitted']:.2f} of {length} (held {sessions['held']:.2f} ± {sessions['bar']:.2f})"
+    return f"{sessions['held']:.2f} ± {sessions['bar']:.2f} of {length}"
 
 
 def show_published(reserve: Reserve, rows: list[dict[str, Any]]) -> None:
@@ -136,12 +149,8 @@ def _stages_named(indices: list[int]) -> str:
 
 def _error_bar(plan: dict[str, Any]) -> str:
     """The pool's error bar in tokens: the planner's GiB a card on the binding stage, at that stage's bytes a token."""
-    bar = plan["verdict"]["error_bar_gib"]
-    stage = plan["stages"][plan["binding_stage"]]
-    if not bar or not stage["bytes_per_block"]:
-        return ""
-    tokens = bar * 2**30 * plan["block_size"] / stage["bytes_per_block"]
-    return f" ± {tokens:,.0f} (the planner's error bar, ± {bar:.2f} GiB a card)"
+    tokens, gib = plan["error_bar_tokens"], plan["verdict"]["error_bar_gib"]
+    return f" ± {tokens:,} (the planner's error bar, ± {gib:.2f} GiB a card)" if tokens else ""
 
 
 def _verdict(plan: dict[str, Any]) -> str:

@@ -12,7 +12,7 @@ from rigstack.errors import UserError
 from rigstack.planner.core import Request, plan
 from rigstack.planner.search import longest_start, search
 from rigstack.planner.usable import usable
-from rigstack.planner.verdict import judge
+from rigstack.planner.verdict import error_bar_tokens, judge
 from rigstack.profiles import Profile, load_profile
 
 
@@ -44,6 +44,7 @@ def plan_for(profile: str, *, pp: int | None = None, tp: int | None = None, part
                             "given_short_stages": given.short_stages, "found_partition": found.partition,
                             "found_pool_tokens": found.pool_tokens}
     result["verdict"] = asdict(verdict)
+    result["error_bar_tokens"] = round(error_bar_tokens(found if search_partition else given))
     # An owner's "64 GB" may be either reading: planned at the smaller (above), the others shown beside it.
     others = [] if memory_gib else sorted(request.profile.hardware.readings_gib)[1:]
     result["other_readings"] = [_reading(replace(request, memory_gib=gib)) for gib in others]

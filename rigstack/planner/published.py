@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
-from rigstack.planner.verdict import judge
+from rigstack.planner.usable import usable
+from rigstack.planner.verdict import error_bar_tokens, judge
 from rigstack.profiles import Profile, load_profile, merge
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
@@ -82,9 +83,11 @@ CASES = (
     Case("seed 001 + 4-bit experts", "l40-8x-tp8", merge(_L40_BASE, {
         "vllm": _MTP, "planner": {"bits": {"linear_attention": 8, "routed_experts": _EXL3_BITS}}}), 2_847_055,
          shipped=True),
-    # SGLang's pool was capped by --max-total-tokens; the profile is the seed's settings in vLLM's terms.
-    Case("seed 004 TP2 replica", "rtxpro6000-tp2-replicas", {}, 500_000, compared="SGLang's --max-total-tokens",
-         shipped=True),
+    # SGLang's pool was capped by --max-total-tokens. The owner served NextN speculative decoding (3.20 GB of NextN
+    # weights a rank) at --context-length 524,288; the seed does not give the draft depth: 3, an assumption.
+    Case("seed 004 TP2 replica, NextN", "rtxpro6000-tp2-replicas", {"vllm": {
+        "speculative-config": {"method": "mtp", "num_speculative_tokens": 3}, "max-model-len": 524_288}}, 500_000,
+         compared="SGLang's --max-total-tokens", shipped=True),
 )
 
 
@@ -98,7 +101,9 @@ def case_plan(case: Case, reserve: Reserve = RESERVE, drafter_kv: DrafterKv | No
 
 def table(reserve: Reserve = RESERVE) -> list[dict[str, Any]]:
     """Each case planned as its seed's engine held the drafter's KV, and, for the cases a shipped profile serves,
-    that profile as rigstack runs it on the pin (vLLM 0.34.0 with the stack: drafter KV grouped by vLLM)."""
+    that profile as rigstack runs it on the pin (vLLM 0.34.0 with the stack: drafter KV grouped by vLLM), with both
+    in usable sessions, their ratio (one planner on both sides, so its error mostly cancels) and what the profile
+    changes from the owner's configuration."""
     rows = []
     for case in CASES:
         result = case_plan(case, reserve)
@@ -107,8 +112,59 @@ def table(reserve: Reserve = RESERVE) -> list[dict[str, Any]]:
                      "approximate": case.approximate, "planned": result.pool_tokens,
                      "ratio": result.pool_tokens / case.published, "binding_stage": result.binding_stage,
                      "starts": result.starts, "drafter_kv": case.drafter_kv,
-                     "compared": case.compared, "pin_tokens": pin.pool_tokens if pin else None,
+                     "compared": case.compared, "owner": _sessions(result), "pin": _sessions(pin) if pin else None,
+                     "pin_tokens": pin.pool_tokens if pin else None,
                      "pin_ratio": pin.pool_tokens / case.published if pin else None,
+                     "like_for_like": pin.pool_tokens / result.pool_tokens if pin else None,
+                     "like_for_like_sessions": usable(pin).admitted / usable(result).admitted if pin else None,
                      "pin_verdict": judge(pin).value if pin else None,
-                     "pin_partition": pin.partition if pin else None})
+                     "pin_partition": pin.partition if pin else None,
+                     "changes": changes(case) if pin else None})
     return rows
+
+
+def _sessions(result: Plan) -> dict[str, Any]:
+    """What the pool is worth: max-model-len requests it holds (with the error bar's share) and how many of them
+    max-num-seqs lets run at once."""
+    held = usable(result)
+    return {"held": held.sessions, "bar": held.sessions * error_bar_tokens(result) / result.pool_tokens,
+            "admitted": held.admitted, "max_model_len": result.max_model_len}
+
+
+def changes(case: Case) -> list[str]:
+    """Where the shipped profile departs from the owner's configuration the case plans: each differing setting as
+    "name owner -> rigstack", the checkpoint's figures as one item, and where the drafter's KV is held."""
+    owner, ours = _flat(case_profile(case).model_dump()), _flat(load_profile(case.profile).model_dump())
+    found, checkpoint = [], False
+    for key in sorted(set(owner) | set(ours)):
+        if owner.get(key) == ours.get(key):
+            continue
+        if key.startswith(("model.", "planner.bits.")):
+            checkpoint = True
+            continue
+        found.append(f"{key.split('.', 1)[-1]} {_shown(owner.get(key))} -> {_shown(ours.get(key))}")
+    if checkpoint:
+        found.append("checkpoint (size and bits)")
+    if case.drafter_kv != "pool":
+        found.append(f"drafter KV {case.drafter_kv} -> grouped by vLLM (0016/0017)")
+    return found
+
+
+def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
+    return str(value)

@@ -47,6 +47,14 @@ def error_bar_gib(plan: Plan) -> float:
     return 0.0 if plan.util is None else ERROR_BAR_GIB
 
 
+def error_bar_tokens(plan: Plan) -> float:
+    """The error bar in pool tokens: its GiB a card on the binding stage, at that stage's bytes a token."""
+    stage = plan.stages[plan.binding_stage]
+    if not stage.bytes_per_block:
+        return 0.0
+    return error_bar_gib(plan) * 2**30 * plan.block_size / stage.bytes_per_block
+
+
 def judge(plan: Plan, longest: int | None = None) -> Verdict:
     """The plan's verdict; `longest` (planner.search.longest_start, where the caller paid for it) is the longest
     max-model-len that starts, named as a lever when the plan is marginal or short."""
