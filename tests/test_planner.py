@@ -637,3 +637,24 @@ def test_offload_cache_from_a_budget_is_spread_over_the_layers(tmp_path: Path) -
     # 30 GiB // (42 layers x 13.5 MiB) = 54 experts a layer: the same plan as the profile's count of 54.
     assert any("54 cached + 16 staging" in note for note in budget.notes)
     assert budget.pool_tokens == plan(Request(load_profile("rtxpro6000-1x-offload"))).pool_tokens
+
+
+def test_offload_prefetch_slots_are_on_the_gpu_and_come_out_of_a_budget(tmp_path: Path) -> None:
+    """Patch 0019's prefetch area, [cache | prefetch | staging]: counted beside the cache and the staging slots, and
+    taken from VLLM_EXPERT_OFFLOAD_BUDGET_GIB before the cache, as the patch's cache_size does."""
+    base = plan(Request(load_profile("rtxpro6000-1x-offload")))
+    counted = plan(Request(load_profile(profile_file(
+        tmp_path, "extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_PREFETCH: '8'\n"))))
+    expert = base.stages[0].weights_by_class["routed_experts"] / (42 * (54 + 16))
+    assert counted.stages[0].weights_by_class["routed_experts"] == pytest.approx(42 * (54 + 8 + 16) * expert)
+    assert any("54 cached + 8 prefetch + 16 staging" in note for note in counted.notes)
+    budget = plan(Request(load_profile(profile_file(
+        tmp_path, "extends: rtxpro6000-1x-offload\noffload:\n  hot_experts_per_layer: null\nenv:\n"
+                  "  VLLM_EXPERT_OFFLOAD_BUDGET_GIB: '30'\n  VLLM_EXPERT_OFFLOAD_PREFETCH: '8'\n"))))
+    # (30 GiB - 42 x 8 x 13.5 MiB) // (42 x 13.5 MiB) = 46 experts a layer: the areas came out first.
+    assert any("46 cached + 8 prefetch + 16 staging" in note for note in budget.notes)
+    for env, words in (("'-1'", "VLLM_EXPERT_OFFLOAD_PREFETCH=-1: give the prefetch slots a layer"),
+                       ("'300'", "VLLM_EXPERT_OFFLOAD_PREFETCH=300: more prefetch slots than the 234 experts")):
+        path = profile_file(tmp_path, f"extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_PREFETCH: {env}\n")
+        with pytest.raises(UserError, match=re.escape(words)):
+            plan(Request(load_profile(path)))

@@ -1,12 +1,13 @@
-"""Expert-offload memory in the plan (issue 17, patch 0014): with the profile's per-layer hot-expert cache
-(offload.hot_set, which sets VLLM_EXPERT_OFFLOAD) every MoE layer keeps on the GPU only its cache of hot experts and
-its staging slots, and every routed expert, the cached ones too, in pinned host RAM (0014's LayerOffload: the host
-copy of each expert tensor, then a [cache | staging] device buffer of the expert tensor's shape).
+"""Expert-offload memory in the plan (issue 17, patches 0014 and 0019): with the profile's per-layer hot-expert cache
+(offload.hot_set, which sets VLLM_EXPERT_OFFLOAD) every MoE layer keeps on the GPU only its cache of hot experts, its
+prefetch area and its staging slots, and every routed expert, the cached ones too, in pinned host RAM (LayerOffload:
+the host copy of each expert tensor, then a [cache | prefetch | staging] device buffer of the expert tensor's shape).
 
-The sizes follow 0014's own rules: the cache is offload.hot_experts_per_layer (VLLM_EXPERT_OFFLOAD_CACHE), else
-VLLM_EXPERT_OFFLOAD_BUDGET_GIB spread evenly over the MoE layers; staging is VLLM_EXPERT_OFFLOAD_STAGING (64 unset),
-capped at the experts a layer has offloaded. One expert's bytes are its layer's routed-expert bytes over the
-experts a layer (weights, scales and biases, per TP rank).
+The sizes follow the patches' own rules: the cache is offload.hot_experts_per_layer (VLLM_EXPERT_OFFLOAD_CACHE), else
+what VLLM_EXPERT_OFFLOAD_BUDGET_GIB holds after the prefetch areas, spread evenly over the MoE layers; the prefetch
+area is VLLM_EXPERT_OFFLOAD_PREFETCH slots (0019; 0 unset), at most the experts a layer has offloaded; staging is
+VLLM_EXPERT_OFFLOAD_STAGING (64 unset), capped at the experts a layer has offloaded. One expert's bytes are its
+layer's routed-expert bytes over the experts a layer (weights, scales and biases, per TP rank).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from rigstack.profiles import Profile
 GIB = 1024**3
 STAGING_ENV = "VLLM_EXPERT_OFFLOAD_STAGING"
 BUDGET_ENV = "VLLM_EXPERT_OFFLOAD_BUDGET_GIB"
+PREFETCH_ENV = "VLLM_EXPERT_OFFLOAD_PREFETCH"
 DEFAULT_STAGING = 64  # patch 0014's default
 
 
@@ -28,9 +30,10 @@ DEFAULT_STAGING = 64  # patch 0014's default
 class StageOffload:
     moe_layers: int
     cache_per_layer: int
+    prefetch_per_layer: int
     staging_per_layer: int
     expert_mib: float  # one expert on one TP rank
-    gpu_bytes: float  # the stage's caches and staging slots, on each GPU of the stage
+    gpu_bytes: float  # the stage's caches, prefetch areas and staging slots, on each GPU of the stage
     host_bytes: float  # pinned host RAM for the stage's experts, all its TP ranks together
 
 
@@ -44,14 +47,18 @@ def _layer_experts(sizes: dict[str, float], first: int, end: int, tp: int) -> di
     return out
 
 
-def _cache_size(profile: Profile, moe_layers: int, expert_bytes: float, n_experts: int) -> int:
+def _cache_size(profile: Profile, moe_layers: int, expert_bytes: float, n_experts: int, prefetch: int) -> int:
     offload = profile.offload
     assert offload is not None
     budget = profile.env.get(BUDGET_ENV)
     if offload.hot_experts_per_layer is not None:
         size, what = offload.hot_experts_per_layer, f"offload.hot_experts_per_layer {offload.hot_experts_per_layer}"
     elif budget is not None:
-        size = experts_in_budget(float(budget) * GIB, moe_layers, expert_bytes)
+        areas = moe_layers * prefetch * expert_bytes  # 0019: the prefetch areas come out of the budget first
+        if areas >= float(budget) * GIB:
+            raise UserError(f"profile {profile.name}: env {PREFETCH_ENV}={prefetch}: the prefetch areas "
+                            f"({areas / GIB:.2f} GiB) take all of {BUDGET_ENV}={budget}; lower it or raise the budget")
+        size = experts_in_budget(float(budget) * GIB - areas, moe_layers, expert_bytes)
         what = f"{BUDGET_ENV}={budget} ({size} experts a layer)"
     else:
         raise UserError(f"profile {profile.name}: offload.hot_set is set but no cache size; give "
@@ -69,24 +76,35 @@ def split(profile: Profile, sizes: dict[str, float], bounds: list[tuple[int, int
     """Per stage, what patch 0014 keeps on the GPU and in pinned host RAM; None when the profile does not use it."""
     if profile.offload is None or profile.offload.hot_set is None:
         return None
-    staging_raw = profile.env.get(STAGING_ENV, str(DEFAULT_STAGING))
-    try:
-        staging = int(staging_raw)
-    except ValueError:
-        raise UserError(f"profile {profile.name}: env {STAGING_ENV}={staging_raw!r} is not a whole number") from None
-    if staging < 1:
-        raise UserError(f"profile {profile.name}: env {STAGING_ENV}={staging}: the staging buffer needs a slot")
+    staging = _whole(profile, STAGING_ENV, DEFAULT_STAGING, 1, "the staging buffer needs a slot")
+    prefetch = _whole(profile, PREFETCH_ENV, 0, 0, "give the prefetch slots a layer (0 or unset: off)")
     per_stage = [_layer_experts(sizes, first, end, tp) for first, end in bounds]
     layers = [size for stage in per_stage for size in stage.values()]
     if not layers:
         raise UserError(f"profile {profile.name}: offload is set but the model has no routed experts to offload")
-    cache = _cache_size(profile, len(layers), max(layers) / n_experts, n_experts)
+    cache = _cache_size(profile, len(layers), max(layers) / n_experts, n_experts, prefetch)
+    if prefetch > n_experts - cache:
+        raise UserError(f"profile {profile.name}: env {PREFETCH_ENV}={prefetch}: more prefetch slots than the "
+                        f"{n_experts - cache} experts a layer offloads; lower it")
     slots = min(staging, n_experts - cache)  # 0014: more slots than offloaded experts is waste
     out = []
     for stage in per_stage:
         expert = max(stage.values(), default=0.0) / n_experts
         out.append(StageOffload(
-            moe_layers=len(stage), cache_per_layer=cache, staging_per_layer=slots, expert_mib=expert / 2**20,
-            gpu_bytes=sum(size / n_experts * (cache + slots) for size in stage.values()),
+            moe_layers=len(stage), cache_per_layer=cache, prefetch_per_layer=prefetch, staging_per_layer=slots,
+            expert_mib=expert / 2**20, gpu_bytes=sum(size / n_experts * (cache + prefetch + slots)
+                                                    for size in stage.values()),
             host_bytes=sum(stage.values()) * tp))
     return out
+
+
+def _whole(profile: Profile, name: str, default: int, least: int, fix: str) -> int:
+    """A whole-number env setting of the patches, refused as the patch would refuse it."""
+    raw = profile.env.get(name, str(default))
+    try:
+        value = int(raw)
+    except ValueError:
+        raise UserError(f"profile {profile.name}: env {name}={raw!r} is not a whole number") from None
+    if value < least:
+        raise UserError(f"profile {profile.name}: env {name}={value}: {fix}")
+    return value
