@@ -6,12 +6,17 @@ with PYTHONPATH on each package, and the JUnit reports are compared test by test
 fail on the pristine package, or it proves nothing about the patch.
 
 How a test failed on the pristine package decides what it proves (rigstack.pytest_outcomes reads it from pytest):
-its own assertion failed there, or the code under test ran and raised, so the patch's behaviour is proven; or it
-could not run there (a collection error, a failing or missing fixture, a missing module, file, name or argument),
-which proves only that the patch adds something.
+it proves the patch's behaviour only where the test ran a function of a pristine file the patch changes (coverage,
+in the test's own process) and then its own assertion failed, or the package's code raised; any other failure (a
+collection error, a failing or missing fixture, a missing module, file, name, argument or key, an exception only
+the test's code raised, a test that never reached the changed files) proves only that the patch adds something.
 A patch with no test of the first kind is "additive", and where it also changes modules the pristine package has,
-its wiring is unproven and the verdict says so. Tests the markers leave out (server tests by default) are listed
-per patch as not proven here.
+its wiring is unproven and the verdict says so. Each patch pins the verdict its tests earn in its `Proof:` header;
+a verdict that moves is a problem, so a patch cannot slide from behaviour to additive with CI green. Tests the
+markers leave out (server tests by default) are listed per patch as not proven here.
+
+Not done here: the baseline is the pristine package, not the stack below each patch, so a test named by patch N
+can be satisfied by an earlier patch's code.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from pathlib import Path
 
 
 from rigstack.errors import UserError
-from rigstack.outcomekinds import ASSERTION, COULD_NOT_RUN, DESELECTED_OPTION, PROPERTY, RAISED
+from rigstack.outcomekinds import (ASSERTION, BEHAVIOUR, COULD_NOT_RUN, DESELECTED_OPTION, NEW_FILES_ONLY, PROPERTY,
+                                   RAISED, REACH_ENV, WIRING_UNPROVEN)
 from rigstack.stack import Stack
 from rigstack.versions import REPO_ROOT
 
@@ -38,6 +44,9 @@ DEFAULT_MARKERS = "not server"
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 _LISTED = re.compile(r"[^\s,]+\.py")
 OUTCOMES_PLUGIN = "rigstack.pytest_outcomes"
+# The proof's own machinery: a change to any of these can move every verdict, so make check proves every patch.
+HARNESS = ("rigstack/patchtests.py", "rigstack/pytest_outcomes.py", "rigstack/outcomekinds.py", "testing/",
+           "tests/patches/conftest.py", "tests/patches/test_prove_baseline_failures.py")
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,7 @@ class SuiteRun:
     reasons: dict[str, str] = field(default_factory=dict)  # test id or broken file -> pytest's message
     kinds: dict[str, str] = field(default_factory=dict)  # failed test id -> how it failed (rigstack.pytest_outcomes)
     deselected: frozenset[str] = frozenset()  # node ids the markers left out
+    reached: dict[str, frozenset[str]] = field(default_factory=dict)  # failed test id -> watched files it ran
 
     def outcome(self, test_id: str) -> str | None:
         if test_id in self.outcomes:
@@ -61,7 +71,7 @@ class SuiteRun:
         """How a failed test failed; a file that could not be collected could not run any of its tests."""
         if test_id not in self.outcomes and test_id.split("::")[0] in self.broken_files:
             return COULD_NOT_RUN
-        return self.kinds.get(test_id, RAISED)  # no verdict: the process died or a hook failed
+        return self.kinds.get(test_id, COULD_NOT_RUN)  # no verdict: the process died or a hook failed
 
 
 @dataclass(frozen=True)
@@ -86,13 +96,15 @@ class PatchProof:
         return not self.problems
 
     @property
-    def verdict(self) -> str:
-        """How the patch is proven: by a test of its behaviour, or only additively (its tests need its files)."""
-        if not self.ok:
-            return "NOT PROVEN"
+    def earned(self) -> str:
+        """What the tests show, problems aside: a test of the patch's behaviour, or only that it adds files."""
         if self.by_behaviour:
-            return "proven by behaviour"
-        return "additive: wiring unproven" if self.wires else "additive: new files only"
+            return BEHAVIOUR
+        return WIRING_UNPROVEN if self.wires else NEW_FILES_ONLY
+
+    @property
+    def verdict(self) -> str:
+        return self.earned if self.ok else "NOT PROVEN"
 
 
 @dataclass(frozen=True)
@@ -153,8 +165,9 @@ def _check_package(package: Path, env: dict[str, str]) -> None:
 
 
 def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS,
-              setup: PytestSetup = PytestSetup()) -> SuiteRun:
-    """Run pytest on `files` with `package` first on the import path; the outcome of every test.
+              setup: PytestSetup = PytestSetup(), reach: tuple[str, ...] = ()) -> SuiteRun:
+    """Run pytest on `files` with `package` first on the import path; the outcome of every test, and for each failed
+    one which of the `reach` files (relative to the package) it ran a function of.
 
     Each test folder gets its own pytest process: once vLLM's Triton utilities are imported (as the patch tests do),
     the kernel tests' Triton CPU interpreter fails on nested kernels, so tests/kernels must not share a process."""
@@ -166,7 +179,11 @@ def run_tests(package: Path, files: list[str], markers: str = DEFAULT_MARKERS,
     folders: dict[str, list[str]] = {}
     for name in files:
         folders.setdefault(str(Path(name).parent) if setup.by_folder else "", []).append(name)
-    return _merged([_run_pytest(package, group, markers, env, setup) for group in folders.values()])
+    with tempfile.TemporaryDirectory(prefix="rigstack-reach-") as scratch:
+        if reach:
+            (Path(scratch) / "reach.json").write_text(json.dumps(sorted(reach)))
+            env[REACH_ENV] = str(Path(scratch) / "reach.json")
+        return _merged([_run_pytest(package, group, markers, env, setup) for group in folders.values()])
 
 
 def _merged(runs: list[SuiteRun]) -> SuiteRun:
@@ -175,7 +192,8 @@ def _merged(runs: list[SuiteRun]) -> SuiteRun:
                     broken_files=frozenset().union(*(run.broken_files for run in runs)),
                     reasons={k: v for run in runs for k, v in run.reasons.items()},
                     kinds={k: v for run in runs for k, v in run.kinds.items()},
-                    deselected=frozenset().union(*(run.deselected for run in runs)))
+                    deselected=frozenset().union(*(run.deselected for run in runs)),
+                    reached={k: v for run in runs for k, v in run.reached.items()})
 
 
 def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str], setup: PytestSetup) -> SuiteRun:
@@ -218,6 +236,7 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
     broken: set[str] = set()
     reasons: dict[str, str] = {}
     kinds: dict[str, str] = {}
+    reached: dict[str, frozenset[str]] = {}
     for case in ElementTree.fromstring(xml).iter("testcase"):
         address = ".".join(filter(None, [case.get("classname"), case.get("name")]))
         module = next((m for m in modules if address == m or address.startswith(m + ".")), None)
@@ -240,18 +259,22 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
         properties = [(prop.get("name"), prop.get("value") or "") for prop in case.iter("property")]
         if any(name == GUARD for name, _ in properties):
             guards.add(test_id)
-        failures = [json.loads(value)["kind"] for name, value in properties if name == PROPERTY]
+        failures = [json.loads(value) for name, value in properties if name == PROPERTY]
         if failures:  # the first failure is the one that stopped the test (a teardown's may follow)
-            kinds[test_id] = failures[0]
+            kinds[test_id] = failures[0]["kind"]
+            reached[test_id] = frozenset(failures[0].get("reached", ()))
     return SuiteRun(outcomes=outcomes, guards=frozenset(guards), broken_files=frozenset(broken), reasons=reasons,
-                    kinds=kinds)
+                    kinds=kinds, reached=reached)
 
 
 def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun,
-          wires: bool = True) -> PatchProof:
+          changes: frozenset[str] = frozenset(), pinned: str | None = None) -> PatchProof:
     """Compare one patch's tests across the two runs. A test that failed on the pristine package proves the patch's
-    behaviour only where its own assertion failed there; one that could not run there (the patch's new module, file
-    or fixture is missing) proves only that the patch adds them, which an `assert True` beside a new fixture would."""
+    behaviour only where it ran a function of a file the patch changes (`changes`: pristine files, relative to the
+    package) and its own assertion failed there or the package raised; one that could not run there (the patch's
+    new module, file or fixture is missing) proves only that the patch adds them, which an `assert True` beside a
+    new fixture would. `pinned`: the verdict the patch's Proof: header expects ("": it has none, a problem; None:
+    nothing pinned, the verdict is only reported)."""
     ids = sorted(test_id for test_id in patched.outcomes if test_id.split("::")[0] in files)
     problems: list[str] = [f"Tests: names {file}, which does not exist" for file in files
                            if not (REPO_ROOT / file).is_file()]
@@ -269,12 +292,20 @@ def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: Su
                  for test_id in guards if test_id in passed and pristine.outcome(test_id) == FAILED]
     if not failed_on_pristine:
         problems.append("no test passes on the patched package and fails on the pristine one")
-    behaviour = [test_id for test_id in failed_on_pristine if pristine.failure_kind(test_id) in (ASSERTION, RAISED)]
-    return PatchProof(patch_id=patch_id, files=files, tests=len(ran), guards=len(guards), patched_passed=len(passed),
-                      pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems),
-                      by_behaviour=len(behaviour), could_not_run=len(failed_on_pristine) - len(behaviour),
-                      wires=wires, not_run=tuple(sorted(test_id for test_id in patched.deselected
-                                                        if test_id.split("::")[0] in files)))
+    behaviour = [test_id for test_id in failed_on_pristine if pristine.failure_kind(test_id) in (ASSERTION, RAISED)
+                 and pristine.reached.get(test_id, frozenset()) & changes]
+    proof = PatchProof(patch_id=patch_id, files=files, tests=len(ran), guards=len(guards), patched_passed=len(passed),
+                       pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems),
+                       by_behaviour=len(behaviour), could_not_run=len(failed_on_pristine) - len(behaviour),
+                       wires=bool(changes), not_run=tuple(sorted(test_id for test_id in patched.deselected
+                                                                 if test_id.split("::")[0] in files)))
+    if pinned == "":
+        proof = replace(proof, problems=(*proof.problems, f"its header has no Proof: line; pin the verdict its tests "
+                                         f"earn: 'Proof: {proof.earned}'"))
+    elif pinned is not None and pinned != proof.earned:
+        proof = replace(proof, problems=(*proof.problems, f"its tests earn '{proof.earned}' but its Proof: header pins "
+                                         f"'{pinned}': fix the tests, or change the header and say why"))
+    return proof
 
 
 def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (),
@@ -285,11 +316,13 @@ def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (
     files = sorted({name for names in files_by_patch.values() for name in names if (REPO_ROOT / name).is_file()})
     if not files:
         raise UserError("no patch names an existing test file in its Tests: header; nothing to prove")
+    changes = {patch.id: frozenset(name for name in patch.touched_files if (pristine / name).is_file())
+               for patch in stack.patches if patch.id in files_by_patch}
     patched_run = run_tests(patched, files, markers)
-    pristine_run = run_tests(pristine, files, markers)
-    wires = {patch.id: any((pristine / name).is_file() for name in patch.touched_files) for patch in stack.patches}
+    pristine_run = run_tests(pristine, files, markers, reach=tuple(sorted(frozenset().union(*changes.values()))))
+    pinned = {patch.id: patch.header.proof for patch in stack.patches}
     return Proof(pristine=pristine, patched=patched, markers=markers, patches=tuple(
-        judge(patch_id, names, patched_run, pristine_run, wires[patch_id])
+        judge(patch_id, names, patched_run, pristine_run, changes[patch_id], pinned[patch_id] or "")
         for patch_id, names in files_by_patch.items()))
 
 
@@ -301,7 +334,8 @@ def proof_json(proof: Proof) -> dict[str, object]:
 
 def changed_since(stack: Stack, base: str, root: Path = REPO_ROOT) -> tuple[str, ...]:
     """The patches whose file or named test files differ from `base` (its merge base with HEAD) in the working
-    tree of the checkout at `root`, untracked files included: what `make check` proves, where CI proves them all."""
+    tree of the checkout at `root`, untracked files included: what `make check` proves, where CI proves them all.
+    A change to the proof's own machinery (HARNESS) proves every patch."""
     import git
 
     from rigstack.gitrepo import checkout_repo
@@ -313,5 +347,7 @@ def changed_since(stack: Stack, base: str, root: Path = REPO_ROOT) -> tuple[str,
         raise UserError(f"no common history with {base!r}; fetch it, or prove every patch") from None
     changed = set(repo.git.diff("--name-only", fork).splitlines()) | set(repo.untracked_files)
     tests = patch_test_files(stack)
+    if any(name.startswith(HARNESS) for name in changed):
+        return tuple(patch.id for patch in stack.patches)
     return tuple(patch.id for patch in stack.patches
                  if str(patch.path.relative_to(root)) in changed or changed & set(tests[patch.id]))

@@ -11,6 +11,7 @@ from pathlib import Path, PurePosixPath
 from rigstack import treeswap
 from rigstack.errors import UserError
 from rigstack.invocation import command
+from rigstack.outcomekinds import VERDICTS
 from rigstack.files import MIB, read_regular
 from rigstack.patchenv import env_reads, reader_helpers
 from rigstack.versions import REPO_ROOT
@@ -21,7 +22,7 @@ SEPARATOR = "---\n"
 
 _NAME = re.compile(r"^(?P<id>\d{4})-[a-z0-9][a-z0-9.-]*\.patch$")
 _REQUIRED = ("subject", "why", "origin", "upstream", "switch", "rigs", "tests")
-_OPTIONAL = ("reverts", "trailers")
+_OPTIONAL = ("reverts", "trailers", "proof")
 FIELDS = _REQUIRED + _OPTIONAL
 # What `apply.py import` writes into a field its source could not fill; check warns until a person replaces it.
 UNFILLED = "unknown (imported"
@@ -52,6 +53,7 @@ class PatchHeader:
     tests: str
     reverts: str | None = None
     trailers: str | None = None  # Signed-off-by and other commit trailers an imported patch carried
+    proof: str | None = None  # the verdict its tests earn in the patch proof (rigstack.patchtests), pinned
 
     def unfilled(self) -> tuple[str, ...]:
         """The fields still holding import's placeholder."""
@@ -244,6 +246,9 @@ def _parse_header(path: Path, text: str) -> PatchHeader:
     missing = [name.capitalize() for name in _REQUIRED if not fields.get(name)]
     if missing:
         raise UserError(f"{path}: header is missing {', '.join(missing)}; see patches/README.md")
+    if fields.get("proof") not in (None, *VERDICTS):
+        raise UserError(f"{path}: Proof: {fields['proof']!r} is not a verdict; use one of "
+                        f"{', '.join(repr(verdict) for verdict in VERDICTS)}")
     return PatchHeader(**fields)
 
 

@@ -201,6 +201,10 @@ def test_symlinks_are_refused(tmp_path: Path) -> None:
     ("Subjet: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\n---\n"
      "diff --git a/vllm/x b/vllm/x\n",
      "unknown header field 'Subjet'"),
+    ("Subject: s\nWhy: w\nOrigin: o\nUpstream: u\nSwitch: none\nRigs: all\nTests: t\nProof: proven\n---\n"
+     "diff --git a/vllm/x b/vllm/x\n",
+     "Proof: 'proven' is not a verdict; use one of 'proven by behaviour', 'additive: wiring unproven', "
+     "'additive: new files only'"),
 ])
 def test_malformed_patch_files_are_named(tmp_path: Path, text: str, message: str) -> None:
     (tmp_path / "0001-bad.patch").write_text(text)

@@ -1,7 +1,9 @@
-"""rigstack.patchtests' verdicts (issue 26 items 2 and 3): a test proves a patch's behaviour only where its own
-assertion failed on the pristine package; one that could not run there (a missing module, file or fixture) proves
-only that the patch adds them; tests the markers leave out are listed, never dropped. Real pytest runs over two
-small vllm packages, one with the "patch" (a changed constant, a new module and a data file) and one without."""
+"""rigstack.patchtests' verdicts (issue 26 items 2 and 3, issue 37 item 1): a test proves a patch's behaviour only
+where, on the pristine package, it ran a function of a file the patch changes and then its own assertion failed or
+the package raised; one that could not run there (a missing module, file, name, key or fixture) or never reached the
+changed code proves only that the patch adds something; tests the markers leave out are listed, never dropped. Real
+pytest runs over two small vllm packages, one with the "patch" (changed functions, a registry key, a new module and
+a data file) and one without."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from rigstack.outcomekinds import ASSERTION, COULD_NOT_RUN, RAISED
 
 TESTS = "tests/test_kinds.py"
 BROKEN = "tests/test_broken.py"
+CHANGED = "__init__.py"  # the one pristine file the fake patch changes, relative to the package
 
 
 def _write(root: Path, files: dict[str, str]) -> None:
@@ -42,17 +45,26 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                           return added
                       """,
                   TESTS: """\
+                      import queue
+                      import subprocess
+                      import sys
                       from pathlib import Path
 
                       import pytest
                       import vllm
 
-                      def test_value():  # behaviour: the patch changes an existing module's value
-                          assert vllm.VALUE == 2
+                      def test_value():  # behaviour: a function of the changed module runs, then the assert fails
+                          assert vllm.scaled(1) == 2
 
                       def test_checks():  # behaviour: pristine does not raise, pytest.raises fails the test
                           with pytest.raises(ValueError):
                               vllm.check(-1)
+
+                      def test_crash():  # behaviour: the package's own code raises where the patch fixed it
+                          assert vllm.half(3) == 1
+
+                      def test_constant():  # not reached: a constant read, no function of the module ran
+                          assert vllm.VALUE == 2
 
                       def test_new_module():  # could not run: the new module is missing
                           from vllm import added
@@ -64,11 +76,36 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                       def test_fixture(added):  # could not run: its fixture fails in setup (an `assert True`)
                           assert True
 
-                      def test_crash():  # raised: the code under test raises where the patch fixed it
-                          assert vllm.half(3) == 1
-
                       def test_new_name():  # could not run: a function the patch adds to an existing module
                           assert vllm.added_function() == 1
+
+                      # Issue 37 item 1: five ways of failing only because a name is missing.
+                      def test_child_cannot_import():  # a child dies on the import; the parent asserts its code
+                          done = subprocess.run([sys.executable, "-c", "import vllm.added"], capture_output=True)
+                          assert done.returncode == 0
+
+                      def test_hasattr():
+                          assert hasattr(vllm, "added_function")
+
+                      def test_getattr_default():
+                          added_function = getattr(vllm, "added_function", None)
+                          assert added_function is not None and added_function() == 1
+
+                      def test_import_fallback():
+                          try:
+                              from vllm.added import X
+                          except ImportError:
+                              X = None
+                          assert X == 1
+
+                      def test_registry_key():  # the package's lookup of a key the patch registers
+                          assert vllm.lookup("new") == 2
+
+                      def test_test_code_raises():  # the test's own code raises (a queue a dead child never filled)
+                          answers = queue.Queue()
+                          if hasattr(vllm, "added_function"):
+                              answers.put(vllm.added_function())
+                          assert answers.get(timeout=0.01) == 1
 
                       @pytest.mark.server
                       def test_served():  # left out by the markers
@@ -78,19 +115,29 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
     pristine, patched = root / "pristine" / "vllm", root / "patched" / "vllm"
     _write(pristine.parent, {"vllm/__init__.py": """\
         VALUE = 1
+        REGISTRY = {"old": 1}
+        def scaled(x):
+            return x * VALUE
         def check(x):
             return x
         def half(x):
-            return {2: 1}[x]
+            return x // (x - 3)
+        def lookup(name):
+            return REGISTRY[name]
         """})
     _write(patched.parent, {"vllm/__init__.py": """\
         VALUE = 2
+        REGISTRY = {"old": 1, "new": 2}
+        def scaled(x):
+            return x * VALUE
         def check(x):
             if x < 0:
                 raise ValueError(x)
             return x
         def half(x):
             return x // 2
+        def lookup(name):
+            return REGISTRY[name]
         def added_function():
             return 1
         """, "vllm/added.py": "X = 1\n", "vllm/table.txt": "1"})
@@ -99,38 +146,73 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
 
 @pytest.fixture(scope="module")
 def runs(packages: tuple[Path, Path, Path]) -> tuple[Path, SuiteRun, SuiteRun]:
-    """(tests tree, the pristine run, the patched run)."""
+    """(tests tree, the pristine run, the patched run); the pristine run watches the changed module."""
     root, pristine, patched = packages
     setup = PytestSetup(cwd=root, by_folder=False)
-    return root, *(patchtests.run_tests(package, [TESTS, BROKEN], "not server", setup) for package in (pristine,
-                                                                                                        patched))
+    return (root, patchtests.run_tests(pristine, [TESTS, BROKEN], "not server", setup, reach=(CHANGED,)),
+            patchtests.run_tests(patched, [TESTS, BROKEN], "not server", setup))
+
+
+BEHAVIOUR_TESTS = {"test_value", "test_checks", "test_crash"}
+NOT_REACHED = {"test_constant", "test_child_cannot_import", "test_hasattr", "test_getattr_default",
+               "test_import_fallback"}
+MISSING = {"test_new_module", "test_new_file", "test_fixture", "test_new_name", "test_registry_key",
+           "test_test_code_raises"}
 
 
 def test_pristine_failures_are_sorted_by_how_they_failed(runs: tuple[Path, SuiteRun, SuiteRun]) -> None:
     _, run, patched = runs
     assert set(patched.outcomes.values()) == {PASSED}
-    kinds = {test_id.split("::")[-1]: run.failure_kind(test_id) for test_id, outcome in run.outcomes.items()
-             if outcome == FAILED}
-    assert kinds == {"test_value": ASSERTION, "test_checks": ASSERTION, "test_new_module": COULD_NOT_RUN,
-                     "test_new_file": COULD_NOT_RUN, "test_fixture": COULD_NOT_RUN, "test_crash": RAISED,
-                     "test_new_name": COULD_NOT_RUN}
+    failed = {test_id.split("::")[-1]: test_id for test_id, outcome in run.outcomes.items() if outcome == FAILED}
+    assert set(failed) == BEHAVIOUR_TESTS | NOT_REACHED | MISSING
+    kinds = {name: run.failure_kind(test_id) for name, test_id in failed.items()}
+    assert kinds == {"test_value": ASSERTION, "test_checks": ASSERTION, "test_crash": RAISED,
+                     **dict.fromkeys(NOT_REACHED, ASSERTION), **dict.fromkeys(MISSING, COULD_NOT_RUN)}
+    # Reach: only the tests that called a function of the changed module ran its code (the child is not traced).
+    assert {name for name, test_id in failed.items() if run.reached.get(test_id)} == BEHAVIOUR_TESTS | {
+        "test_registry_key"}
     assert run.broken_files == {BROKEN} and run.failure_kind(f"{BROKEN}::test_x") == COULD_NOT_RUN
     assert run.deselected == {f"{TESTS}::test_served"}
 
 
-def test_a_patch_is_proven_by_behaviour_only_through_a_failed_assertion(runs: tuple[Path, SuiteRun, SuiteRun],
+def test_a_failure_with_no_recorded_kind_could_not_run() -> None:
+    """A test whose process died before the plugin wrote its verdict proves nothing by default."""
+    run = SuiteRun(outcomes={"t.py::test_x": FAILED}, guards=frozenset(), broken_files=frozenset())
+    assert run.failure_kind("t.py::test_x") == COULD_NOT_RUN
+
+
+def test_a_patch_is_proven_by_behaviour_only_where_its_changed_code_ran(runs: tuple[Path, SuiteRun, SuiteRun],
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     root, pristine, patched = runs
     monkeypatch.setattr(patchtests, "REPO_ROOT", root)  # where judge looks for the Tests: files
-    both = patchtests.judge("0001", (TESTS, BROKEN), patched, pristine, wires=True)
-    assert both.ok and (both.by_behaviour, both.could_not_run) == (3, 5)  # value, checks, crash
+    changes = frozenset({CHANGED})
+    both = patchtests.judge("0001", (TESTS, BROKEN), patched, pristine, changes)
+    assert both.ok and (both.by_behaviour, both.could_not_run) == (3, 12)  # value, checks, crash
     assert both.verdict == "proven by behaviour"
     assert both.not_run == (f"{TESTS}::test_served",)
-    # The same patch proven only by the file whose tests cannot run on the pristine package: additive, said so.
-    additive = patchtests.judge("0001", (BROKEN,), patched, pristine, wires=True)
+    # The same failures against a patch that changes another file: nothing reached it, so nothing proves behaviour.
+    elsewhere = patchtests.judge("0001", (TESTS,), patched, pristine, frozenset({"other.py"}))
+    assert elsewhere.ok and elsewhere.by_behaviour == 0 and elsewhere.verdict == "additive: wiring unproven"
+    # Proven only by the file whose tests cannot run on the pristine package: additive, said so.
+    additive = patchtests.judge("0001", (BROKEN,), patched, pristine, changes)
     assert additive.ok and (additive.by_behaviour, additive.could_not_run) == (0, 1)
     assert additive.verdict == "additive: wiring unproven"
-    assert patchtests.judge("0001", (BROKEN,), patched, pristine, wires=False).verdict == "additive: new files only"
+    assert patchtests.judge("0001", (BROKEN,), patched, pristine).verdict == "additive: new files only"
+
+
+def test_a_pinned_verdict_that_moves_is_a_problem(runs: tuple[Path, SuiteRun, SuiteRun],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    root, pristine, patched = runs
+    monkeypatch.setattr(patchtests, "REPO_ROOT", root)
+    changes = frozenset({CHANGED})
+    assert patchtests.judge("0001", (TESTS,), patched, pristine, changes, pinned="proven by behaviour").ok
+    slid = patchtests.judge("0001", (BROKEN,), patched, pristine, changes, pinned="proven by behaviour")
+    assert slid.verdict == "NOT PROVEN"
+    assert slid.problems == ("its tests earn 'additive: wiring unproven' but its Proof: header pins 'proven by "
+                             "behaviour': fix the tests, or change the header and say why",)
+    unpinned = patchtests.judge("0001", (TESTS,), patched, pristine, changes, pinned="")
+    assert unpinned.problems == ("its header has no Proof: line; pin the verdict its tests earn: 'Proof: proven by "
+                                 "behaviour'",)
 
 
 def test_the_table_says_the_verdict_and_lists_what_was_not_run() -> None:

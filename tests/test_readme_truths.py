@@ -12,6 +12,7 @@ import xml.etree.ElementTree as ET
 
 from rigstack.rigimages import laid_files
 from rigstack.localbase import ROOTFS_PACKAGES
+from rigstack.outcomekinds import VERDICTS
 from rigstack.preflight.knowledge import find_package
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT
@@ -65,3 +66,13 @@ def test_the_last_gpu_run_row_is_its_committed_result_file() -> None:
     assert tuple(map(int, counts)) == (passed, failed, int(suite.get("skipped"))), row
     date = row.split("| ")[2][:10]
     assert suite.get("timestamp", "").startswith(date) and file.parent.name.startswith(date), row
+
+
+def test_the_proof_table_is_the_verdicts_the_patches_pin() -> None:
+    """README's per-verdict rows list the patches whose Proof: header pins that verdict; CI's proof asserts that each
+    patch's tests still earn it (tests/patches/test_prove_baseline_failures.py)."""
+    pinned: dict[str, list[str]] = {verdict: [] for verdict in VERDICTS}
+    for patch in load_stack().patches:
+        pinned[patch.header.proof or "none"].append(patch.id)
+    shown = {verdict: re.findall(r"\b\d{4}\b", _row(f"| {verdict} |")) for verdict in VERDICTS}
+    assert shown == pinned

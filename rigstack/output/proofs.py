@@ -5,9 +5,10 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from rigstack.outcomekinds import BEHAVIOUR
 from rigstack.patchtests import Proof
 
-_VERDICT_STYLE = {"proven by behaviour": "green", "NOT PROVEN": "bold red"}
+_VERDICT_STYLE = {BEHAVIOUR: "green", "NOT PROVEN": "bold red"}
 
 
 def print_proof(proof: Proof, console: Console) -> None:
@@ -22,9 +23,10 @@ def print_proof(proof: Proof, console: Console) -> None:
                       str(patch.could_not_run), str(patch.guards), str(patch.skipped), str(len(patch.not_run)),
                       f"[{style}]{patch.verdict}[/]")
     console.print(table)
-    console.print("by behaviour: on the pristine package the test's own assertion failed or the code under test "
-                  "raised; could not run: it failed there before reaching the patch's behaviour (a fixture, module, "
-                  "file, name or argument the patch adds is missing)")
+    console.print("by behaviour: on the pristine package the test ran a function of a file the patch changes, then "
+                  "its own assertion failed or the package raised; could not run: it failed there otherwise (a "
+                  "fixture, module, file, name, argument or key the patch adds is missing, or it never reached the "
+                  "changed files)")
     for patch in proof.patches:
         for problem in patch.problems:
             console.print(f"[red]{patch.patch_id}:[/] {problem}")

@@ -26,9 +26,13 @@ def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int, int, float]
 
 def test_worker_steps_are_timed_when_on(make_worker: Any) -> None:
     from vllm.v1.worker.gpu_worker import Worker
-    from vllm.v1.worker.stage_timing import StageTimer
 
     worker = make_worker("1")
+    # The wiring first, before the new module is imported: with the switch on, the worker's step is its own
+    # attribute (the pristine worker ignores the switch and keeps the class's method).
+    assert "execute_model" in vars(worker)
+    from vllm.v1.worker.stage_timing import StageTimer
+
     timer = worker.execute_model
     assert isinstance(timer, StageTimer)
     # It wraps this worker's own step, so the RPC "execute_model" still reaches Worker.execute_model.

@@ -307,3 +307,33 @@ def test_the_moe_layer_imports_without_triton() -> None:
             "assert 'vllm.model_executor.layers.fused_moe.expert_offload_kernels' not in sys.modules\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_switch_builds_every_moe_layer_of_a_loaded_model_on_cache_and_staging(
+        tiny_moe_model: Path, single_rank_dist, monkeypatch, tmp_path: Path) -> None:
+    """The wiring, through vLLM's own loader: the tiny MoE model loaded in process with VLLM_EXPERT_OFFLOAD set has
+    each MoE layer's expert parameters on [cache | staging] rows (3 + 2 of its 8 experts), the whole layer kept in
+    host memory beside them. Nothing of the patch's new module is imported first: the pristine package ignores the
+    switch, loads every expert, and fails the first assertion."""
+    from vllm.config import ModelConfig, VllmConfig, set_current_vllm_config
+    from vllm.model_executor.model_loader import get_model
+
+    hot = tmp_path / "hot.json"  # the hot-set file format scripts/expert_trace.py writes, for the tiny MoE model
+    hot.write_text(json.dumps({"format": "rigstack-hot-experts/1", "layers": {name: HOT for name in LAYERS},
+                               "model": {"architecture": "Qwen3MoeForCausalLM", "moe_layers": len(LAYERS),
+                                         "experts": E, "hidden_size": 256}}))
+    for name, value in {"VLLM_EXPERT_OFFLOAD": str(hot), "VLLM_EXPERT_OFFLOAD_CACHE": "3",
+                        "VLLM_EXPERT_OFFLOAD_STAGING": "2"}.items():
+        monkeypatch.setenv(name, value)
+    vllm_config = VllmConfig(model_config=ModelConfig(model=str(tiny_moe_model), max_model_len=256))
+    with set_current_vllm_config(vllm_config):
+        model = get_model(vllm_config=vllm_config)
+    # vLLM's RoutedExperts, inside each layer's MoE block (the hot-set file names the block).
+    experts = {name.removesuffix(".routed_experts"): module for name, module in model.named_modules()
+               if hasattr(module, "w13_weight")}
+    assert sorted(experts) == sorted(LAYERS)
+    assert {name: module.w13_weight.shape[0] for name, module in experts.items()} == dict.fromkeys(LAYERS, 3 + 2)
+    for module in experts.values():
+        offload = module.expert_offload
+        assert (offload.n_experts, offload.n_cache, offload.staging) == (E, 3, 2)
+        assert offload.host["w13_weight"].shape[0] == E and offload.host["w13_weight"].is_cpu

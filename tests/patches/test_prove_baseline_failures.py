@@ -90,3 +90,7 @@ def test_make_check_proves_the_patches_changed_since_main(tmp_path: Path) -> Non
     new_patch = clone / "patches" / f"{second.id}-copy.patch"  # untracked: counts as changed
     second.path.rename(new_patch)
     assert patchtests.changed_since(load_stack(clone / "patches"), "HEAD", root=clone) == (first.id, second.id)
+    # A change to the proof's own machinery can move any verdict: every patch is proven.
+    (clone / "testing" / "patches.py").write_text((clone / "testing" / "patches.py").read_text() + "\n# edited\n")
+    stack = load_stack(clone / "patches")
+    assert patchtests.changed_since(stack, "HEAD", root=clone) == tuple(patch.id for patch in stack.patches)
