@@ -14,7 +14,7 @@ import random
 import socket
 from pathlib import Path
 
-FIRST = 10_000  # below this sit well-known services
+FIRST = 20_000  # below: well-known services, and Ray's worker ports (10,002-19,999 by default)
 _EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _given: set[int] = set()
 
