@@ -31,22 +31,24 @@ from rigstack.outcomekinds import ASSERTION, COULD_NOT_RUN, DESELECTED_OPTION, P
 _MISSING = (ImportError, FileNotFoundError, AttributeError, TypeError, KeyError)
 _DESELECTED = pytest.StashKey[list]()
 _REACH = pytest.StashKey["_Reach"]()
+_PACKAGE = pytest.StashKey["Path | None"]()
 _PYTEST_DIRS = (Path(pytest.__file__).parent.parent / "_pytest", Path(pytest.__file__).parent.parent / "pluggy")
 
 
 def failure_kind(when: str, excinfo: pytest.ExceptionInfo[BaseException], test_dirs: tuple[Path, ...],
                  package: Path | None) -> str:
     """ASSERTION: an AssertionError (or pytest.fail, pytest.raises' "DID NOT RAISE") raised by code in the test's
-    own folders while the test ran; RAISED: any other exception raised from inside the package under test (it ran
-    and failed); COULD_NOT_RUN: a failure in setup (a fixture missing or failing), a missing module, file, name,
-    argument or key, or an exception only the test's own code raised (a queue left empty by a dead child)."""
+    own folders while the test ran; RAISED: any other exception raised from inside the package under test
+    (`package`, resolved: it ran and failed); COULD_NOT_RUN: a failure in setup (a fixture missing or failing), a
+    missing module, file, name, argument or key, or an exception only the test's own code raised (a queue left empty
+    by a dead child)."""
     if when != "call" or excinfo.errisinstance(_MISSING):
         return COULD_NOT_RUN
     if excinfo.errisinstance((AssertionError, pytest.fail.Exception)):
         raiser = _raising_file(excinfo)
         if raiser is not None and any(raiser.is_relative_to(folder) for folder in test_dirs):
             return ASSERTION
-    if package is not None and any(Path(str(entry.path)).resolve().is_relative_to(package.resolve())
+    if package is not None and any(Path(str(entry.path)).resolve().is_relative_to(package)
                                    for entry in excinfo.traceback):
         return RAISED
     return COULD_NOT_RUN
@@ -106,6 +108,7 @@ class _Reach:
 def pytest_configure(config: pytest.Config) -> None:
     watched = os.environ.get(REACH_ENV)
     package = _package()
+    config.stash[_PACKAGE] = package.resolve() if package is not None else None
     if watched and package is not None:
         config.stash[_REACH] = _Reach(package, json.loads(Path(watched).read_text()))
 
@@ -127,7 +130,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     if report.failed and call.excinfo is not None:
         root = Path(str(item.config.rootpath)).resolve()
         kind = failure_kind(call.when, call.excinfo, (root / "tests", root / "testing", Path(str(item.path)).parent),
-                            _package())
+                            item.config.stash[_PACKAGE])
         verdict: dict[str, object] = {"when": call.when, "kind": kind, "type": call.excinfo.typename}
         reach = item.config.stash.get(_REACH, None)
         if reach is not None:

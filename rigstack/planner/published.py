@@ -15,7 +15,7 @@ from typing import Any
 from rigstack.planner.core import RESERVE, DrafterKv, Plan, Request, Reserve, plan
 from rigstack.planner.usable import usable
 from rigstack.planner.verdict import error_bar_tokens, judge
-from rigstack.profiles import Profile, load_profile, merge
+from rigstack.profiles import Profile, leaves, load_profile, merge
 
 # Seed 001's FP8 checkpoint: linear layers FP8 (block scales add 0.002 bits); vLLM keeps the KDA and MLA
 # projections in BF16 (models/glm5next: "fp8 checkpoints omit their scales", "MLA projections are BF16").
@@ -108,15 +108,16 @@ def table(reserve: Reserve = RESERVE) -> list[dict[str, Any]]:
     for case in CASES:
         result = case_plan(case, reserve)
         pin = plan(Request(load_profile(case.profile)), reserve) if case.shipped else None
+        owner, ours = _sessions(result), _sessions(pin) if pin else None
         rows.append({"case": case.label, "profile": case.profile, "published": case.published,
                      "approximate": case.approximate, "planned": result.pool_tokens,
                      "ratio": result.pool_tokens / case.published, "binding_stage": result.binding_stage,
                      "starts": result.starts, "drafter_kv": case.drafter_kv,
-                     "compared": case.compared, "owner": _sessions(result), "pin": _sessions(pin) if pin else None,
+                     "compared": case.compared, "owner": owner, "pin": ours,
                      "pin_tokens": pin.pool_tokens if pin else None,
                      "pin_ratio": pin.pool_tokens / case.published if pin else None,
                      "like_for_like": pin.pool_tokens / result.pool_tokens if pin else None,
-                     "like_for_like_sessions": usable(pin).admitted / usable(result).admitted if pin else None,
+                     "like_for_like_sessions": ours["admitted"] / owner["admitted"] if ours else None,
                      "pin_verdict": judge(pin).value if pin else None,
                      "pin_partition": pin.partition if pin else None,
                      "changes": changes(case) if pin else None})
@@ -134,30 +135,20 @@ def _sessions(result: Plan) -> dict[str, Any]:
 def changes(case: Case) -> list[str]:
     """Where the shipped profile departs from the owner's configuration the case plans: each differing setting as
     "name owner -> rigstack", the checkpoint's figures as one item, and where the drafter's KV is held."""
-    owner, ours = _flat(case_profile(case).model_dump()), _flat(load_profile(case.profile).model_dump())
+    owner, ours = leaves(case_profile(case).model_dump()), leaves(load_profile(case.profile).model_dump())
     found, checkpoint = [], False
-    for key in sorted(set(owner) | set(ours)):
-        if owner.get(key) == ours.get(key):
+    for path in sorted(set(owner) | set(ours), key=lambda keys: ".".join(map(str, keys))):
+        if owner.get(path) == ours.get(path):
             continue
-        if key.startswith(("model.", "planner.bits.")):
+        if path[0] == "model" or path[:2] == ("planner", "bits"):
             checkpoint = True
             continue
-        found.append(f"{key.split('.', 1)[-1]} {_shown(owner.get(key))} -> {_shown(ours.get(key))}")
+        found.append(f"{'.'.join(map(str, path[1:]))} {_shown(owner.get(path))} -> {_shown(ours.get(path))}")
     if checkpoint:
         found.append("checkpoint (size and bits)")
     if case.drafter_kv != "pool":
         found.append(f"drafter KV {case.drafter_kv} -> grouped by vLLM (0016/0017)")
     return found
-
-
-def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
 
 
 def _shown(value: Any) -> str:

@@ -39,18 +39,19 @@ def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _leaf_paths(data: dict[str, Any], path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    paths = []
+def leaves(data: dict[str, Any], path: tuple[Any, ...] = ()) -> dict[tuple[Any, ...], Any]:
+    """Every value of nested mappings that is not itself a mapping, by its key path."""
+    found: dict[tuple[Any, ...], Any] = {}
     for key, value in data.items():
         if isinstance(value, dict):
-            paths.extend(_leaf_paths(value, path + (key,)))
+            found.update(leaves(value, path + (key,)))
         else:
-            paths.append(path + (key,))
-    return paths
+            found[path + (key,)] = value
+    return found
 
 
 def _merge_lines(base: Lines, over: Lines, over_data: dict[str, Any]) -> Lines:
-    replaced = _leaf_paths(over_data)
+    replaced = list(leaves(over_data))
     kept = {p: where for p, where in base.items() if not any(p[:len(r)] == r for r in replaced)}
     return {**kept, **over}
 
