@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
+from typing import IO
 import zipfile
 from pathlib import Path
 
 import pytest
 
 from rigstack.cache import cache_dir
+from testing import basetemp
 from testing.patches import PatchMaker
 
 pytest_plugins = ["testing.server", "testing.imports", "testing.serial", "testing.skips"]
@@ -18,19 +19,23 @@ pytest_plugins = ["testing.server", "testing.imports", "testing.serial", "testin
 # Resolved once, before any test moves HOME: downloads (wheels, tiny models) are shared across runs and with CI.
 REAL_CACHE = cache_dir()
 os.environ["RIGSTACK_CACHE"] = str(REAL_CACHE)
+_BASE_LOCK = pytest.StashKey[IO[str]]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """A short base for tmp_path: vLLM binds its engine sockets under the servers' TMPDIR/VLLM_RPC_BASE_PATH, which
     live in tmp_path, and a Unix socket path holds 107 bytes; pytest's default base with xdist's worker folder
     (/tmp/pytest-of-root/pytest-101/popen-gw0/<test name>/rpc/<uuid>) is past that. xdist gives each worker a
-    folder of its own under this one."""
+    folder of its own under this one. Earlier runs' folders go, but the newest (testing/basetemp.py)."""
     if config.option.basetemp is None and not hasattr(config, "workerinput"):
-        config.option.basetemp = tempfile.mkdtemp(prefix="rs-", dir="/tmp")
+        base, config.stash[_BASE_LOCK] = basetemp.claim(Path("/tmp"))
+        basetemp.prune(Path("/tmp"), keep=base)
+        config.option.basetemp = str(base)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """A passing run's folder goes (pytest's own base keeps the last three runs; this one keeps failed runs)."""
+    """A passing run's folder goes; a failing run's keeps its failed tests' folders (pyproject's retention policy)
+    until the run after next."""
     base = Path(session.config.option.basetemp or "")
     if exitstatus == 0 and not hasattr(session.config, "workerinput") and base.name.startswith("rs-"):
         shutil.rmtree(base, ignore_errors=True)

@@ -1,0 +1,51 @@
+"""The suite's base folders: a run's own is claimed while it lives; earlier runs' go, all but the newest."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from testing import basetemp
+
+
+def _aged(folder: Path, seconds_ago: float) -> Path:
+    os.utime(folder, (folder.stat().st_atime, folder.stat().st_mtime - seconds_ago))
+    return folder
+
+
+def test_prune_keeps_live_runs_this_run_and_the_newest_earlier_one(tmp_path: Path) -> None:
+    live, live_lock = basetemp.claim(tmp_path)
+    ended = []
+    for age in (300, 200, 100):
+        folder, lock = basetemp.claim(tmp_path)
+        (folder / "popen-gw0").mkdir()
+        lock.close()  # the run ended: its lock is released
+        ended.append(_aged(folder, age))
+    older_suite = tmp_path / "rs-before-locks"  # made by a suite before this module: no lock file
+    older_suite.mkdir()
+    _aged(older_suite, 400)
+    unrelated = tmp_path / "other"
+    unrelated.mkdir()
+    _aged(live, 500)
+    current, current_lock = basetemp.claim(tmp_path)
+
+    removed = basetemp.prune(tmp_path, keep=current)
+
+    assert sorted(removed) == sorted([older_suite, ended[0], ended[1]])
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        [live.name, ended[2].name, current.name, "other"])
+    live_lock.close()
+    current_lock.close()
+
+
+def test_a_claimed_folder_cannot_be_claimed_as_unused_by_another_process(tmp_path: Path) -> None:
+    base, lock = basetemp.claim(tmp_path)
+    probe = ("import sys; from pathlib import Path; from testing import basetemp; "
+             "print(basetemp._unused(Path(sys.argv[1])))")
+    ask = [sys.executable, "-c", probe, str(base)]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    assert subprocess.run(ask, capture_output=True, text=True, env=env, check=True).stdout.strip() == "False"
+    lock.close()
+    assert subprocess.run(ask, capture_output=True, text=True, env=env, check=True).stdout.strip() == "True"
