@@ -36,9 +36,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A passing run's folder goes; a failing run's keeps its failed tests' folders (pyproject's retention policy)
     until the run after next."""
-    base = Path(session.config.option.basetemp or "")
-    if exitstatus == 0 and not hasattr(session.config, "workerinput") and base.name.startswith("rs-"):
-        shutil.rmtree(base, ignore_errors=True)
+    lock = session.config.stash.get(_BASE_LOCK, None)
+    if exitstatus == 0 and lock is not None:
+        basetemp.release(Path(session.config.option.basetemp), lock)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +18,10 @@ def _aged(folder: Path, seconds_ago: float) -> Path:
 
 def test_prune_keeps_live_runs_this_run_and_the_newest_earlier_one(tmp_path: Path) -> None:
     live, live_lock = basetemp.claim(tmp_path)
+    # pytest empties a given base folder by deleting and remaking it: the claim must outlive that (it did not when
+    # the lock file lived inside, and a nested pytest pruned a running suite's folder)
+    shutil.rmtree(live)
+    live.mkdir()
     ended = []
     for age in (300, 200, 100):
         folder, lock = basetemp.claim(tmp_path)
@@ -34,13 +39,15 @@ def test_prune_keeps_live_runs_this_run_and_the_newest_earlier_one(tmp_path: Pat
     removed = basetemp.prune(tmp_path, keep=current)
 
     assert sorted(removed) == sorted([older_suite, ended[0], ended[1]])
-    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
-        [live.name, ended[2].name, current.name, "other"])
+    left = {live, ended[2], current}
+    assert sorted(tmp_path.iterdir()) == sorted(
+        [*left, *(folder.with_name(folder.name + ".in-use") for folder in left), unrelated])
+    basetemp.release(current, current_lock)
+    assert not current.exists() and not (tmp_path / f"{current.name}.in-use").exists()
     live_lock.close()
-    current_lock.close()
 
 
-def test_a_claimed_folder_cannot_be_claimed_as_unused_by_another_process(tmp_path: Path) -> None:
+def test_a_claimed_folder_is_in_use_for_another_process_until_released(tmp_path: Path) -> None:
     base, lock = basetemp.claim(tmp_path)
     probe = ("import sys; from pathlib import Path; from testing import basetemp; "
              "print(basetemp._unused(Path(sys.argv[1])))")
