@@ -26,6 +26,7 @@ from rigstack.files import sha256_of
 from rigstack.stamp import STAMP_NAME
 from rigstack.versions import FLAVOURS, Pins, package_version, release_of
 from rigstack.wheelindex import pip_download, release_wheel
+from rigstack.zipmember import member_bytes
 
 PACKAGE = "vllm"
 _BINARY_SUFFIXES = (".so", ".pyc")
@@ -325,26 +326,30 @@ def base_wheel(source: Source, pins: Pins, sha256: str | None = None) -> tuple[P
 
 
 def wheel_files(wheel: Path, binary_sink: Callable[[str, int, Callable[[], bytes]], None]) -> Iterator[PackageFile]:
-    """The package's text files from a wheel, in order; binaries go to binary_sink as lazy readers (they are
-    decompressed on worker threads, which is most of the cost of a cold extraction)."""
-    with zipfile.ZipFile(wheel) as archive:
+    """The package's text files from a wheel, in order; compiled objects go to binary_sink as lazy readers (they are
+    inflated on worker threads, which is most of the cost of a cold extraction), other binaries (the vllm-rs
+    executable, found by git's NUL rule) with the bytes read to find that out."""
+    with zipfile.ZipFile(wheel) as archive, open(wheel, "rb") as handle:
         for info in archive.infolist():
             if not info.filename.startswith(PACKAGE + "/") or info.is_dir():
                 continue
             path = info.filename[len(PACKAGE) + 1:]
             mode = 0o100755 if (info.external_attr >> 16) & 0o111 else 0o100644
-            with archive.open(info) as member:
-                head = member.read(_SNIFF) if not path.endswith(_BINARY_SUFFIXES) else b""
-                if is_binary(path, head):
-                    binary_sink(path, mode, lambda info=info: _read_member(wheel, info))
-                    yield PackageFile(path, mode, b"", binary=True)
-                else:
-                    yield PackageFile(path, mode, head + member.read())
+            if path.endswith(_BINARY_SUFFIXES):
+                binary_sink(path, mode, lambda info=info: _read_member(wheel, info))
+                yield PackageFile(path, mode, b"", binary=True)
+                continue
+            data = member_bytes(handle, info)
+            if is_binary(path, data):
+                binary_sink(path, mode, lambda data=data: data)
+                yield PackageFile(path, mode, b"", binary=True)
+            else:
+                yield PackageFile(path, mode, data)
 
 
 def _read_member(wheel: Path, info: zipfile.ZipInfo) -> bytes:
-    with zipfile.ZipFile(wheel) as archive:  # one handle per thread: ZipFile is not thread-safe
-        return archive.read(info)
+    with open(wheel, "rb") as handle:  # a handle per thread
+        return member_bytes(handle, info)
 
 
 def tar_files(stream: io.BufferedIOBase, prefix: str) -> Iterator[PackageFile]:
