@@ -272,9 +272,18 @@ class PackageRepo:
         """(path, content) of every file at `commit` whose name ends with `suffix`, read in one cat-file process."""
         listing = self.run("ls-tree", "-r", "-z", "--full-tree", commit)
         entries = [(line.split("\t", 1)[1], line.split()[2]) for line in listing.split("\0") if line]
-        wanted = [(path, blob) for path, blob in entries if path.endswith(suffix)]
+        return self._cat_blobs([(path, blob) for path, blob in entries if path.endswith(suffix)])
+
+    def blobs_at(self, commit: str, paths: list[str]) -> Iterator[tuple[str, bytes]]:
+        """(path, content) of each of `paths` at `commit`, in order, read in one cat-file process (a git process
+        per file costs milliseconds each, and an apply checks every file the stack changes)."""
+        return self._cat_blobs([(path, f"{commit}:{path}") for path in paths])
+
+    def _cat_blobs(self, wanted: list[tuple[str, str]]) -> Iterator[tuple[str, bytes]]:
+        if not wanted:
+            return
         data = self._git.execute(["git", "cat-file", "--batch"], env=self._env, strip_newline_in_stdout=False,
-                                 istream=_bytes_stream("".join(f"{blob}\n" for _, blob in wanted).encode()),
+                                 istream=_bytes_stream("".join(f"{name}\n" for _, name in wanted).encode()),
                                  as_process=False, stdout_as_string=False)
         offset = 0
         for path, _ in wanted:

@@ -162,13 +162,12 @@ def _compile_errors(repo: PackageRepo, start: str, commit: str,
 
     The list comes from git, not from the patch parser: whatever git applied is checked, even a file the parser
     did not see."""
-    for path in repo.changed_files(start, commit):
-        if not path.endswith(".py"):
-            continue
+    changed = [path for path in repo.changed_files(start, commit) if path.endswith(".py")]
+    for path, source in repo.blobs_at(commit, changed):
         # Blame the last patch that names the file; git's list and the parser's agree for every accepted patch.
         owner = next((patch for patch in reversed(patches) if path in patch.touched_files), patches[-1])
         try:
-            compile(repo.run("cat-file", "blob", f"{commit}:{path}"), f"vllm/{path}", "exec")
+            compile(source, f"vllm/{path}", "exec")
         except SyntaxError as error:
             return owner.id, f"vllm/{path} line {error.lineno} does not compile ({error.msg})"
     return None
