@@ -41,11 +41,10 @@ def release(base: Path, lock: IO[str]) -> None:
 
 
 def _unused(folder: Path) -> bool:
-    """No live run holds folder's lock (a folder an older suite made, without a lock file, counts as unused)."""
+    """A run claimed folder and no live run holds its lock. A folder with no lock file is not a run's base (the
+    multinode test's /tmp/rs-<namespace> folders, live while it runs) and is never taken for an abandoned one."""
     try:
         descriptor = os.open(_lock_path(folder), os.O_RDONLY)
-    except FileNotFoundError:
-        return True
     except OSError:
         return False
     try:

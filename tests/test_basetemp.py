@@ -28,9 +28,9 @@ def test_prune_keeps_live_runs_this_run_and_the_newest_earlier_one(tmp_path: Pat
         (folder / "popen-gw0").mkdir()
         lock.close()  # the run ended: its lock is released
         ended.append(_aged(folder, age))
-    older_suite = tmp_path / "rs-before-locks"  # made by a suite before this module: no lock file
-    older_suite.mkdir()
-    _aged(older_suite, 400)
+    unclaimed = tmp_path / "rs-netns-a"  # no lock file: another test's folder (test_multinode_netns), maybe live
+    unclaimed.mkdir()
+    _aged(unclaimed, 400)
     unrelated = tmp_path / "other"
     unrelated.mkdir()
     _aged(live, 500)
@@ -38,10 +38,10 @@ def test_prune_keeps_live_runs_this_run_and_the_newest_earlier_one(tmp_path: Pat
 
     removed = basetemp.prune(tmp_path, keep=current)
 
-    assert sorted(removed) == sorted([older_suite, ended[0], ended[1]])
+    assert sorted(removed) == sorted([ended[0], ended[1]])
     left = {live, ended[2], current}
     assert sorted(tmp_path.iterdir()) == sorted(
-        [*left, *(folder.with_name(folder.name + ".in-use") for folder in left), unrelated])
+        [*left, *(folder.with_name(folder.name + ".in-use") for folder in left), unclaimed, unrelated])
     basetemp.release(current, current_lock)
     assert not current.exists() and not (tmp_path / f"{current.name}.in-use").exists()
     live_lock.close()
