@@ -190,7 +190,9 @@ def _once(run: Callable[[], None], graph: torch.cuda.CUDAGraph | None) -> None:
 
 
 def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds: int, reps: int, seed: int,
-          device: torch.device, programs: tuple[int, ...] = (), say: Callable[[Point], None] = lambda p: None) -> dict:
+          device: torch.device, programs: tuple[int, ...] = (), say: Callable[[Point], None] = lambda p: None,
+          save: Callable[[dict], None] = lambda report: None) -> dict:
+    """The report; `say` gets each point as it is timed, `save` the report so far after each group of variants."""
     on_gpu = device.type == "cuda"
     eo = kernel_sources.load_expert_offload(interpret=not on_gpu)
     t = mlb.traces(4000, max(batches) * steps + 1, seed)
@@ -205,6 +207,11 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
     link = mlb._link_rates(eo.expert_offload_kernels, distinct[0], reps, rounds) if on_gpu else {}
     per_expert_s = shape.expert_bytes / (link["gather GB/s"] * 1e9) if on_gpu else 0.0
     points: list[Point] = []
+
+    def report() -> dict:
+        return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+                "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
+                "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
     for batch in batches:
         chain = Chain(t.held_out, steps, batch, shape, device, seed)
         gpu = Point("all on the GPU", mlb.N_EXPERTS, batch, None)
@@ -241,14 +248,13 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
                 for point, *_ in checked:
                     points.append(point)
                     say(point)
+                save(report())  # a run cut by a time limit keeps every group it finished
                 del fetching, checked, variants
                 gc.collect()  # device memory held in reference cycles goes back before the cache is emptied
                 if on_gpu:
                     torch.cuda.empty_cache()
             del plain
-    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
-            "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
-            "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
+    return report()
 
 
 def _groups(prefetch, slot_counts: tuple[int, int], programs: tuple[int, ...]) -> list[tuple[str, list]]:
@@ -306,11 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     shape = Shape(hidden=32, inter=8) if args.cpu else Shape()
     device = torch.device("cpu" if args.cpu else "cuda")
-    report = bench([int(n) for n in args.sizes.split(",")], [int(n) for n in args.batches.split(",")], args.steps,
-                   shape, args.rounds, args.reps, args.seed, device,
-                   tuple(int(n) for n in args.prefetch_programs.split(",") if n), _say)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+
+    def save(report: dict) -> None:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+    save(bench([int(n) for n in args.sizes.split(",")], [int(n) for n in args.batches.split(",")], args.steps,
+               shape, args.rounds, args.reps, args.seed, device,
+               tuple(int(n) for n in args.prefetch_programs.split(",") if n), _say, save))
     return 0
 
 
