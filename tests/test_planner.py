@@ -449,7 +449,7 @@ def test_search_prints_the_refusal_once(tmp_path: Path) -> None:
 
     shown = report.text(plan_for(str(_unswitched(tmp_path)), search_partition=True))
     assert shown.count("To serve at least one request") == 1
-    assert "the given 11,10,10,10,10,10,9,8 381,824 (refused, stage 7 short)" in shown
+    assert "the given 11,10,10,10,10,10,9,8 381,568 (refused, stage 7 short)" in shown
 
 
 def test_search_finds_the_partition_with_the_largest_pool(tiny_model: Path, tmp_path: Path) -> None:

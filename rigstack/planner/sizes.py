@@ -72,15 +72,24 @@ def _shape_params(config: Any) -> dict[str, int]:
 
 
 def _with_mtp(params: dict[str, int], config: Any, count: int) -> dict[str, int]:
-    """The decoder's parameters plus `count` MTP layers past the last, each counted as a copy of the last
-    full-attention layer (transformers' classes do not build them)."""
+    """The decoder's parameters plus `count` MTP layers past the last (transformers' classes do not build them):
+    each a copy of the last full-attention layer, plus what the NextN module adds around it, as vLLM's
+    glm5next/common/mtp.py names it: enorm and hnorm, eh_proj (2 hidden -> hidden) and shared_head (a norm and a
+    vocab x hidden head). The checkpoint carries that head; vLLM does not load it (the target's lm_head serves).
+    No per-layer embedding copy is counted: seed 000's split (181.3 GiB, 163.3 of it experts) leaves room for one
+    vocab x hidden tensor beside the bf16 rest, not two."""
     text = text_config(config)
     linear = linear_layers(config)
     template = max(i for i in range(text.num_hidden_layers) if i not in linear)
+    hidden, vocab = text.hidden_size, text.vocab_size
     out = dict(params)
     for i in range(count):
+        layer = f"model.layers.{text.num_hidden_layers + i}."
         out.update({name.replace(f"layers.{template}.", f"layers.{text.num_hidden_layers + i}."): size
                     for name, size in params.items() if wt.layer_of(name) == template})
+        out.update({layer + "enorm.weight": hidden, layer + "hnorm.weight": hidden,
+                    layer + "eh_proj.weight": 2 * hidden * hidden, layer + "shared_head.norm.weight": hidden,
+                    layer + "shared_head.head.weight": vocab * hidden})
     return out
 
 
@@ -127,16 +136,26 @@ def target_sizes(profile: Profile, config: Any, architecture: str, folder: Path 
                      f"config shapes x bits per tensor class ({shown})")
     figure, what, with_mtp = stated
     basis = shapes if with_mtp else {n: shapes[n] for n in _loaded(list(shapes), architecture, text, 0)}
-    scale = _scale(profile, figure, what, basis, bits, linear_layers(config))
+    scale = _scale(profile, figure, what, basis, bits, linear_layers(config), _rounding(profile))
     return Sizes({name: shapes[name] * scale.get(name, 1.0) for name in loaded},
                  f"{what}: the classes planner.bits states ({shown}) at their bits, the rest scaled x"
                  f"{max(scale.values(), default=1.0):.3f} from 16 bits to fill the figure")
 
 
+def _rounding(profile: Profile) -> float:
+    """Half a unit of the stated figure's last digit, in bytes over all ranks: 181.3 GiB is 181.25-181.35."""
+    model = profile.model
+    value, ranks = (model.rank_gib, profile.parallel.tp) if model.rank_gib else (model.size_gib, 1)
+    decimals = len(repr(float(value)).partition(".")[2].rstrip("0"))
+    return 0.5 * 10.0 ** -decimals * GIB * ranks
+
+
 def _scale(profile: Profile, figure: float, what: str, basis: dict[str, float], bits: dict[str, float],
-           linear: frozenset[int]) -> dict[str, float]:
+           linear: frozenset[int], rounding: float) -> dict[str, float]:
     """Per tensor, the factor that makes `basis` add up to the owner's figure: the classes whose bits the profile
-    states are a format's exact size and stay; the classes it leaves at 16 bits take the difference."""
+    states are a format's exact size and stay; the classes it leaves at 16 bits (bf16) take the difference, down
+    from 16 bits, never up: a figure that needs more than 16 bits a parameter there (past its own rounding) holds
+    tensors the shapes lack, or a class planner.bits should state, and is refused rather than spread."""
     free = [name for name in basis if wt.tensor_class(name, linear) not in bits]
     fixed = sum(size for name, size in basis.items() if name not in set(free))
     rest = sum(basis[name] for name in free)
@@ -144,7 +163,12 @@ def _scale(profile: Profile, figure: float, what: str, basis: dict[str, float], 
         raise UserError(f"profile {profile.name}: {what} is {figure / GIB:.2f} GiB in all, but the tensor classes "
                         f"planner.bits states ({', '.join(sorted(bits))}) alone take {fixed / GIB:.2f} GiB at "
                         "those bits; fix planner.bits or the stated figure")
-    return {name: (figure - fixed) / rest for name in free}
+    if figure - fixed - rest > rounding:
+        raise UserError(f"profile {profile.name}: {what} leaves {(figure - fixed) / GIB:.2f} GiB for the tensors "
+                        f"planner.bits leaves at 16 bits, {(figure - fixed - rest) / GIB:.2f} GiB more than they "
+                        f"hold ({16 * (figure - fixed) / rest:.2f} bits a parameter); state the bits of the "
+                        "quantized classes in planner.bits, or check the figure")
+    return {name: min(1.0, (figure - fixed) / rest) for name in free}
 
 
 def drafter_bytes(profile: Profile, draft: Drafter | None, target_hidden: int, pp: int, tp: int) -> float | None:

@@ -26,7 +26,7 @@ CLASSES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("dense_mlp", re.compile(r"\.mlp\.(gate_proj|up_proj|down_proj|gate_up_proj)\.")),
     ("attention", re.compile(r"\.(self_attn|attn_hc|ffn_hc)\.")),
     ("embed", re.compile(r"embed_tokens\.")),
-    ("head", re.compile(r"(^|\.)lm_head\.")),
+    ("head", re.compile(r"(^|\.)(lm_head|shared_head\.head)\.")),  # an MTP layer's own head is a head too
 )
 # Bits per parameter when a profile says nothing: the unquantized checkpoint (bf16).
 DEFAULT_BITS = 16.0
