@@ -197,21 +197,13 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
     eo = kernel_sources.load_expert_offload(interpret=not on_gpu)
     t = mlb.traces(4000, max(batches) * steps + 1, seed)
     counts = mlb.pick_counts(t.collect)
-    # Four distinct host copies, layer i on copy i % 4: a copy's lines are long out of L2 when the layer 4 on reads
-    # it, and it halves the pinned memory of 8 layers (31 GiB).
-    distinct = [mlb.host_experts(mlb.N_EXPERTS, shape.expert_bytes, seed + i, pin=on_gpu)
-                for i in range(min(HOST_COPIES, shape.layers))]
-    hosts = [distinct[i % len(distinct)] for i in range(shape.layers)]
-    on_device = [h.to(device) for h in distinct]
-    everything = [on_device[i % len(distinct)] for i in range(shape.layers)]
-    link = mlb._link_rates(eo.expert_offload_kernels, distinct[0], reps, rounds) if on_gpu else {}
+    hosts, everything = _experts(shape, seed, device)
+    link = mlb._link_rates(eo.expert_offload_kernels, hosts[0], reps, rounds) if on_gpu else {}
     per_expert_s = shape.expert_bytes / (link["gather GB/s"] * 1e9) if on_gpu else 0.0
     points: list[Point] = []
 
     def report() -> dict:
-        return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
-                "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
-                "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
+        return _report(on_gpu, shape, steps, link, per_expert_s, points)
     for batch in batches:
         chain = Chain(t.held_out, steps, batch, shape, device, seed)
         gpu = Point("all on the GPU", mlb.N_EXPERTS, batch, None)
@@ -255,6 +247,23 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
                     torch.cuda.empty_cache()
             del plain
     return report()
+
+
+def _experts(shape: Shape, seed: int, device: torch.device) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Each layer's experts in host memory (pinned on CUDA) and on the device. Four distinct host copies, layer i on
+    copy i % 4: a copy's lines are long out of L2 when the layer 4 on reads it, and it halves the pinned memory of 8
+    layers (31 GiB)."""
+    distinct = [mlb.host_experts(mlb.N_EXPERTS, shape.expert_bytes, seed + i, pin=device.type == "cuda")
+                for i in range(min(HOST_COPIES, shape.layers))]
+    on_device = [h.to(device) for h in distinct]
+    return ([distinct[i % len(distinct)] for i in range(shape.layers)],
+            [on_device[i % len(distinct)] for i in range(shape.layers)])
+
+
+def _report(on_gpu: bool, shape: Shape, steps: int, link: dict, per_expert_s: float, points: list[Point]) -> dict:
+    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+            "shape": asdict(shape), "steps": steps, "expert_bytes": shape.expert_bytes, "link": link,
+            "per_expert_s": per_expert_s, "points": [asdict(p) for p in points]}
 
 
 def _groups(prefetch, slot_counts: tuple[int, int], programs: tuple[int, ...]) -> list[tuple[str, list]]:
