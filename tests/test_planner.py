@@ -592,13 +592,14 @@ def test_offload_keeps_cache_and_staging_on_the_gpu_and_every_expert_in_host_ram
     off = plan(Request(profile))
     expert = routed / 42 / 288
     assert expert * 1024 == pytest.approx(13.5, abs=0.05)  # the profile's "13.5 MB" a staging slot
-    # 54 hot experts and 16 staging slots a layer stay on the GPU; every expert, cached ones too, is pinned.
-    assert off.stages[0].weights_by_class["routed_experts"] == pytest.approx(42 * (54 + 16) * expert)
+    # 54 hot experts a layer and one region of 64 staging slots (0019: shared by the layers) stay on the GPU; every
+    # expert, cached ones too, is pinned.
+    assert off.stages[0].weights_by_class["routed_experts"] == pytest.approx((42 * 54 + 64) * expert)
     assert off.host_gib == pytest.approx(routed) == off.stages[0].host_gib
     assert off.host_fits and off.starts and off.host_ram_gib == 182
     # The card holds the caches and slots instead of all the experts (176 GiB, which leave no KV budget at all),
     # and the KV budget is what is left of 0.9 x 96 GiB.
-    assert off.stages[0].weights_gib == pytest.approx(whole.stages[0].weights_gib - routed + 42 * 70 * expert)
+    assert off.stages[0].weights_gib == pytest.approx(whole.stages[0].weights_gib - routed + (42 * 54 + 64) * expert)
     assert whole.stages[0].available_gib == 0 and not whole.starts
     stage = off.stages[0]
     card = 97887 / 1024  # the RTX PRO 6000's memory.total, MiB
@@ -635,24 +636,41 @@ def test_offload_cache_from_a_budget_is_spread_over_the_layers(tmp_path: Path) -
                                   "env:\n  VLLM_EXPERT_OFFLOAD_BUDGET_GIB: '30'\n")
     budget = plan(Request(load_profile(path)))
     # 30 GiB // (42 layers x 13.5 MiB) = 54 experts a layer: the same plan as the profile's count of 54.
-    assert any("54 cached + 16 staging" in note for note in budget.notes)
+    assert any("54 cached a layer and 64 staging slots shared" in note for note in budget.notes)
     assert budget.pool_tokens == plan(Request(load_profile("rtxpro6000-1x-offload"))).pool_tokens
 
 
+def test_offload_staging_is_one_region_unless_the_profile_says_each_layer_its_own(tmp_path: Path) -> None:
+    """Issue 40 item 3: 0019 maps one staging region behind every layer of a process, so a stage's staging slots
+    count once; VLLM_EXPERT_OFFLOAD_SHARED_STAGING=0 gives each layer its own (42 x 64 slots), another value is
+    refused as the patch refuses it."""
+    shared = plan(Request(load_profile("rtxpro6000-1x-offload")))
+    own = plan(Request(load_profile(profile_file(
+        tmp_path, "extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_SHARED_STAGING: '0'\n"))))
+    expert = shared.stages[0].weights_by_class["routed_experts"] / (42 * 54 + 64)
+    assert own.stages[0].weights_by_class["routed_experts"] == pytest.approx(42 * (54 + 64) * expert)
+    assert any("64 staging slots a layer" in note for note in own.notes)
+    assert own.pool_tokens < shared.pool_tokens
+    path = profile_file(tmp_path, "extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_SHARED_STAGING: 'yes'\n")
+    with pytest.raises(UserError, match=re.escape("VLLM_EXPERT_OFFLOAD_SHARED_STAGING='yes': give 1")):
+        plan(Request(load_profile(path)))
+
+
 def test_offload_prefetch_slots_are_on_the_gpu_and_come_out_of_a_budget(tmp_path: Path) -> None:
-    """Patch 0019's prefetch area, [cache | prefetch | staging]: counted beside the cache and the staging slots, and
-    taken from VLLM_EXPERT_OFFLOAD_BUDGET_GIB before the cache, as the patch's cache_size does."""
+    """Patch 0019's prefetch area, [cache | prefetch | staging]: counted beside the cache and the staging slots (one
+    region for the stage's 42 MoE layers), and taken from VLLM_EXPERT_OFFLOAD_BUDGET_GIB before the cache, as the
+    patch's cache_size does."""
     base = plan(Request(load_profile("rtxpro6000-1x-offload")))
     counted = plan(Request(load_profile(profile_file(
         tmp_path, "extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_PREFETCH: '8'\n"))))
-    expert = base.stages[0].weights_by_class["routed_experts"] / (42 * (54 + 16))
-    assert counted.stages[0].weights_by_class["routed_experts"] == pytest.approx(42 * (54 + 8 + 16) * expert)
-    assert any("54 cached + 8 prefetch + 16 staging" in note for note in counted.notes)
+    expert = base.stages[0].weights_by_class["routed_experts"] / (42 * 54 + 64)
+    assert counted.stages[0].weights_by_class["routed_experts"] == pytest.approx((42 * (54 + 8) + 64) * expert)
+    assert any("54 cached + 8 prefetch a layer and 64 staging" in note for note in counted.notes)
     budget = plan(Request(load_profile(profile_file(
         tmp_path, "extends: rtxpro6000-1x-offload\noffload:\n  hot_experts_per_layer: null\nenv:\n"
                   "  VLLM_EXPERT_OFFLOAD_BUDGET_GIB: '30'\n  VLLM_EXPERT_OFFLOAD_PREFETCH: '8'\n"))))
     # (30 GiB - 42 x 8 x 13.5 MiB) // (42 x 13.5 MiB) = 46 experts a layer: the areas came out first.
-    assert any("46 cached + 8 prefetch + 16 staging" in note for note in budget.notes)
+    assert any("46 cached + 8 prefetch a layer" in note for note in budget.notes)
     for env, words in (("'-1'", "VLLM_EXPERT_OFFLOAD_PREFETCH=-1: give the prefetch slots a layer"),
                        ("'300'", "VLLM_EXPERT_OFFLOAD_PREFETCH=300: more prefetch slots than the 234 experts")):
         path = profile_file(tmp_path, f"extends: rtxpro6000-1x-offload\nenv:\n  VLLM_EXPERT_OFFLOAD_PREFETCH: {env}\n")

@@ -166,9 +166,9 @@ def load_module(path: str, interpret: bool = False) -> types.ModuleType:
 
 
 def load_expert_offload(interpret: bool = False) -> types.SimpleNamespace:
-    """Import patch 0014's expert offload module with 0013's kernels and 0019's prefetch beside it (its relative
-    imports)."""
-    names = ("expert_offload_kernels", "expert_prefetch", "expert_offload")
+    """Import patch 0014's expert offload module with 0013's kernels and 0019's prefetch and shared staging beside it
+    (its relative imports)."""
+    names = ("expert_offload_kernels", "expert_prefetch", "expert_staging", "expert_offload")
     sources = {name: source(f"vllm/model_executor/layers/fused_moe/{name}.py") for name in names}
     return _import_private("expert_offload", sources, interpret)
 

@@ -289,10 +289,12 @@ def _offload(target: Target, loaded: dict[str, float], budget: Budget) -> None:
                 cls["routed_experts"] = part.gpu_bytes
         budget.host = [part.host_bytes / GIB for part in experts]
         part = experts[0]
-        prefetched = f"{part.prefetch_per_layer} prefetch + " if part.prefetch_per_layer else ""
-        budget.notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached + {prefetched}"
-                            f"{part.staging_per_layer} staging slots of {part.expert_mib:.1f} MiB a layer on the GPU, "
-                            f"all {sum(budget.host):.1f} GiB of routed experts pinned in host RAM")
+        prefetched = f" + {part.prefetch_per_layer} prefetch" if part.prefetch_per_layer else ""
+        staging = (f"{part.staging_per_layer} staging slots shared by the stage's layers (0019)"
+                   if part.shared_staging else f"{part.staging_per_layer} staging slots a layer")
+        budget.notes.append(f"experts offloaded (patch 0014): {part.cache_per_layer} cached{prefetched} a layer and "
+                            f"{staging}, of {part.expert_mib:.1f} MiB, on the GPU, all {sum(budget.host):.1f} GiB of "
+                            "routed experts pinned in host RAM")
     elif profile.offload:
         share = profile.offload.host_gib / target.pp
         for cls in budget.weights:

@@ -6,8 +6,11 @@ the host copy of each expert tensor, then a [cache | prefetch | staging] device 
 The sizes follow the patches' own rules: the cache is offload.hot_experts_per_layer (VLLM_EXPERT_OFFLOAD_CACHE), else
 what VLLM_EXPERT_OFFLOAD_BUDGET_GIB holds after the prefetch areas, spread evenly over the MoE layers; the prefetch
 area is VLLM_EXPERT_OFFLOAD_PREFETCH slots (0019; 0 unset), at most the experts a layer has offloaded; staging is
-VLLM_EXPERT_OFFLOAD_STAGING (64 unset), capped at the experts a layer has offloaded. One expert's bytes are its
-layer's routed-expert bytes over the experts a layer (weights, scales and biases, per TP rank).
+VLLM_EXPERT_OFFLOAD_STAGING (64 unset), capped at the experts a layer has offloaded, and with 0019's shared staging
+(VLLM_EXPERT_OFFLOAD_SHARED_STAGING, 1 unset) one region a stage (a process) serves every layer, so its slots count
+once, at the stage's largest expert; 0 gives every layer its own. One expert's bytes are its layer's routed-expert
+bytes over the experts a layer (weights, scales and biases, per TP rank). Not counted: the mappings' rounding to the
+driver's granularity (2 MiB on CUDA), under 2 MiB a tensor a layer.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ GIB = 1024**3
 STAGING_ENV = "VLLM_EXPERT_OFFLOAD_STAGING"
 BUDGET_ENV = "VLLM_EXPERT_OFFLOAD_BUDGET_GIB"
 PREFETCH_ENV = "VLLM_EXPERT_OFFLOAD_PREFETCH"
+SHARED_ENV = "VLLM_EXPERT_OFFLOAD_SHARED_STAGING"
 DEFAULT_STAGING = 64  # patch 0014's default
 
 
@@ -32,6 +36,7 @@ class StageOffload:
     cache_per_layer: int
     prefetch_per_layer: int
     staging_per_layer: int
+    shared_staging: bool  # one staging region for the stage's layers (0019), else one a layer
     expert_mib: float  # one expert on one TP rank
     gpu_bytes: float  # the stage's caches, prefetch areas and staging slots, on each GPU of the stage
     host_bytes: float  # pinned host RAM for the stage's experts, all its TP ranks together
@@ -78,6 +83,10 @@ def split(profile: Profile, sizes: dict[str, float], bounds: list[tuple[int, int
         return None
     staging = _whole(profile, STAGING_ENV, DEFAULT_STAGING, 1, "the staging buffer needs a slot")
     prefetch = _whole(profile, PREFETCH_ENV, 0, 0, "give the prefetch slots a layer (0 or unset: off)")
+    shared = profile.env.get(SHARED_ENV, "1").strip() or "1"
+    if shared not in ("0", "1"):
+        raise UserError(f"profile {profile.name}: env {SHARED_ENV}={shared!r}: give 1 (one staging region for all "
+                        "layers, the default) or 0 (staging slots of its own for each layer)")
     per_stage = [_layer_experts(sizes, first, end, tp) for first, end in bounds]
     layers = [size for stage in per_stage for size in stage.values()]
     if not layers:
@@ -90,10 +99,12 @@ def split(profile: Profile, sizes: dict[str, float], bounds: list[tuple[int, int
     out = []
     for stage in per_stage:
         expert = max(stage.values(), default=0.0) / n_experts
+        own = cache + prefetch + (0 if shared == "1" else slots)
+        staging = expert * slots if shared == "1" else 0.0
         out.append(StageOffload(
             moe_layers=len(stage), cache_per_layer=cache, prefetch_per_layer=prefetch, staging_per_layer=slots,
-            expert_mib=expert / 2**20, gpu_bytes=sum(size / n_experts * (cache + prefetch + slots)
-                                                    for size in stage.values()),
+            shared_staging=shared == "1", expert_mib=expert / 2**20,
+            gpu_bytes=sum(size / n_experts * own for size in stage.values()) + (staging if stage else 0.0),
             host_bytes=sum(stage.values()) * tp))
     return out
 

@@ -227,3 +227,70 @@ def test_the_gather_and_switch_settings_default_to_the_measured_ones(eo, monkeyp
                                 VLLM_EXPERT_OFFLOAD_PREFETCH_PROGRAMS="16",
                                 VLLM_EXPERT_OFFLOAD_PREFETCH_BREAK_EVEN="0")
     assert (settings.prefetch_programs, settings.break_even) == (16, 0.0)
+
+
+def _staging_rows(layer, name: str) -> torch.Tensor:
+    return layer.buf[name][layer.staging_start:]
+
+
+def test_every_layer_stages_into_one_region(eo) -> None:
+    """Issue 40 item 3: one physical staging region behind every layer's [cache | prefetch | staging] tensor: a row
+    written through one layer's staging is read through every other's, the cache and prefetch rows stay each
+    layer's own, the device memory counts the region once, and the chain still equals the resident layers."""
+    weights = prepacked(torch.bfloat16)
+    layers, params = _chain(eo, weights, 3, PREFETCH)
+    for name in ("w13", "w2"):
+        probe = torch.full_like(_staging_rows(layers[0], name)[0], 3.0)
+        _staging_rows(layers[0], name)[0].copy_(probe)
+        assert all(torch.equal(_staging_rows(layer, name)[0], probe) for layer in layers[1:])
+        layers[1].buf[name][0].fill_(5.0)  # a cached row: the other layers keep theirs
+        assert not torch.equal(layers[0].buf[name][0], layers[1].buf[name][0])
+    assert all(layer.shared_staging for layer in layers)
+    own = sum(b[:CACHE + PREFETCH].numel() * b.element_size() for b in layers[0].buf.values())
+    assert eo.device_bytes(layers) == 3 * own + layers[0].staging_bytes
+    fresh, fresh_params = _chain(eo, weights, 3, PREFETCH)
+    for picks in STEPS:
+        x, w, ids = route(1, 7, dtype=torch.bfloat16)
+        ids = torch.tensor([picks], dtype=torch.int32)
+        for layer, p in zip(fresh, fresh_params):
+            assert torch.equal(layer.forward(x, ids, w, kernel(p["w13"], p["w2"])), resident_output(weights, x, w, ids))
+
+
+def test_the_switch_gives_each_layer_staging_of_its_own(eo, monkeypatch) -> None:
+    settings = offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3",
+                                VLLM_EXPERT_OFFLOAD_SHARED_STAGING="0")
+    assert settings.shared_staging is False
+    assert offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3",
+                            VLLM_EXPERT_OFFLOAD_SHARED_STAGING="").shared_staging is True
+    weights = prepacked(torch.bfloat16)
+    layers = []
+    for i in range(2):
+        p = {name: torch.nn.Parameter(t.clone(), requires_grad=False) for name, t in zip(("w13", "w2"), weights)}
+        layers.append(eo.LayerOffload(p, HOT, CACHE, STAGING, torch.device("cpu"), 8, False, f"layers.{i}",
+                                      shared_staging=settings.shared_staging))
+    _staging_rows(layers[0], "w13").fill_(3.0)
+    _staging_rows(layers[1], "w13").fill_(4.0)
+    assert not layers[0].shared_staging and bool((_staging_rows(layers[0], "w13") == 3.0).all())
+    assert eo.device_bytes(layers) == sum(layer.device_bytes for layer in layers)
+
+
+def test_a_shared_staging_value_other_than_0_or_1_stops_the_boot(eo, monkeypatch) -> None:
+    with pytest.raises(eo.ExpertOffloadError, match=r"VLLM_EXPERT_OFFLOAD_SHARED_STAGING='yes': give 1 .* or 0"):
+        offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3", VLLM_EXPERT_OFFLOAD_SHARED_STAGING="yes")
+
+
+def test_shared_staging_with_micro_batching_stops_the_boot(eo, monkeypatch) -> None:
+    """Two micro-batches (--enable-dbo) can run MoE layers at once; one region would mix their experts."""
+    from vllm.config import VllmConfig, set_current_vllm_config
+
+    offload_settings(eo, monkeypatch, VLLM_EXPERT_OFFLOAD_CACHE="3")
+    model = torch.nn.Module()
+    model.layer = torch.nn.Module()
+    model.layer.expert_offload_wanted = True
+    config = VllmConfig()
+    # Set after validation: the CPU platform refuses micro-batching itself, a GPU one takes it.
+    config.parallel_config.ubatch_size = 2
+    assert config.parallel_config.use_ubatching
+    with set_current_vllm_config(config):
+        with pytest.raises(eo.ExpertOffloadError, match="SHARED_STAGING=1 .* micro-batching"):
+            eo.setup_model(model, torch.device("cpu"))
