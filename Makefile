@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 
-.PHONY: apply cpu gateway test check
+.PHONY: apply cpu gateway test check gpu
 
 # The main job on the embedded default: the pinned GPU wheel, patched, in build/vllm-<version>/.
 # Installs the tool first: .venv/bin/rigstack is the one command (apply.py is the same as `rigstack apply ...`).
@@ -38,3 +38,8 @@ test:
 # workers, with the proof of the patches changed since main. `make test` is CI's full run.
 check:
 	RIGSTACK_TIER=check bash scripts/test_env.sh
+
+# The GPU tier, on a host with an NVIDIA GPU (CI has none): every test marked gpu, a skip failing it. ARGS=--kernels-only
+# runs the torch+triton tier alone where vLLM is not installed (scripts/gpu_tests.sh says what each part needs).
+gpu:
+	bash scripts/gpu_tests.sh $(ARGS)

@@ -4,7 +4,8 @@ A skip is allowed only for hardware the box lacks: no NVIDIA GPU (or a CUDA feat
 CPU twin was not built for, not x86-64. Any other skip (too little free RAM, no docker daemon, a mount refused, a
 missing venv) hides a test CI is there to run, so with RIGSTACK_STRICT_SKIPS=1 (scripts/test_env.sh sets it for
 `make test`) it fails the run, each listed with its test and reason. Without the variable a skip is a skip, for a
-developer running one file on a laptop.
+developer running one file on a laptop. RIGSTACK_STRICT_SKIPS=all (`make gpu`, on a GPU host) allows none: there
+every test it selects has its hardware.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ _SESSION = pytest.StashKey[pytest.Session]()
 
 
 def allowed(reason: str) -> bool:
+    if os.environ.get(STRICT) == "all":
+        return False
     return any(pattern.search(reason) for _, pattern in ALLOWED)
 
 
@@ -40,7 +43,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     # On the controller only: xdist replays its workers' reports there, so these are the whole run's skips.
-    if os.environ.get(STRICT) != "1" or hasattr(config, "workerinput"):
+    if os.environ.get(STRICT) not in ("1", "all") or hasattr(config, "workerinput"):
         return
     hidden = [(report.nodeid, _reason(report)) for report in terminalreporter.stats.get("skipped", [])]
     hidden = [(test, reason) for test, reason in hidden if not allowed(reason)]

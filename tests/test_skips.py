@@ -33,12 +33,12 @@ def test_memory():
 '''
 
 
-def _pytest(folder: Path, *args: str, strict: bool = True) -> subprocess.CompletedProcess[str]:
+def _pytest(folder: Path, *args: str, strict: str | None = "1") -> subprocess.CompletedProcess[str]:
     # TMPDIR: the memory-hungry lock of this run, not the one a real suite on this box holds.
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "TMPDIR": str(folder)}
     env.pop(STRICT, None)
     if strict:
-        env[STRICT] = "1"
+        env[STRICT] = strict
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "testing.skips", "-p", "no:cacheprovider",
                            "--rootdir", str(folder), "-c", os.devnull, *args, str(folder)],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=300)
@@ -59,8 +59,17 @@ def test_hardware_skips_pass_and_a_laptop_run_is_not_strict(tmp_path: Path) -> N
     done = _pytest(tmp_path)
     assert done.returncode == 0 and "2 skipped" in done.stdout, done.stdout + done.stderr
     (tmp_path / "test_hiding.py").write_text(HIDING)
-    lenient = _pytest(tmp_path, strict=False)
+    lenient = _pytest(tmp_path, strict=None)
     assert lenient.returncode == 0 and "3 skipped" in lenient.stdout, lenient.stdout + lenient.stderr
+
+
+def test_make_gpu_allows_no_skip_at_all(tmp_path: Path) -> None:
+    """On a GPU host (make gpu) a test that skips for want of CUDA did not run where it had to."""
+    (tmp_path / "test_hardware.py").write_text(TESTS)
+    done = _pytest(tmp_path, strict="all")
+    assert done.returncode == 1, done.stdout + done.stderr
+    listed = done.stdout.split("skips make test does not allow")[1]
+    assert "test_gpu: needs a CUDA GPU" in listed and "test_isa" in listed, done.stdout
 
 
 def test_the_suites_own_hardware_reasons_are_allowed_and_others_are_not() -> None:
