@@ -33,7 +33,8 @@ if [ "$has_vllm" = 0 ]; then
     export RIGSTACK_SM8X_SOURCE=patches
 fi
 # Its own session: Triton's kernels compile per process, and the other folders' conftests import vLLM.
-"$py" -m pytest -c /dev/null --confcutdir=tests/kernels -p testing.skips -p no:cacheprovider -m gpu tests/kernels \
+"$py" -m pytest -c /dev/null -o "markers=gpu: needs a CUDA GPU" --confcutdir=tests/kernels -p testing.skips -p no:cacheprovider \
+    -m gpu tests/kernels \
     -q -rs --durations=5
 if [ "$has_vllm" = 1 ]; then
     "$py" -m pytest -p testing.skips -p no:cacheprovider -m gpu tests/patches tests/preflight tests/port -q -rs
