@@ -83,10 +83,11 @@ def split(profile: Profile, sizes: dict[str, float], bounds: list[tuple[int, int
         return None
     staging = _whole(profile, STAGING_ENV, DEFAULT_STAGING, 1, "the staging buffer needs a slot")
     prefetch = _whole(profile, PREFETCH_ENV, 0, 0, "give the prefetch slots a layer (0 or unset: off)")
-    shared = profile.env.get(SHARED_ENV, "1").strip() or "1"
-    if shared not in ("0", "1"):
-        raise UserError(f"profile {profile.name}: env {SHARED_ENV}={shared!r}: give 1 (one staging region for all "
+    raw = profile.env.get(SHARED_ENV, "1").strip() or "1"
+    if raw not in ("0", "1"):
+        raise UserError(f"profile {profile.name}: env {SHARED_ENV}={raw!r}: give 1 (one staging region for all "
                         "layers, the default) or 0 (staging slots of its own for each layer)")
+    shared = raw == "1"
     per_stage = [_layer_experts(sizes, first, end, tp) for first, end in bounds]
     layers = [size for stage in per_stage for size in stage.values()]
     if not layers:
@@ -99,12 +100,11 @@ def split(profile: Profile, sizes: dict[str, float], bounds: list[tuple[int, int
     out = []
     for stage in per_stage:
         expert = max(stage.values(), default=0.0) / n_experts
-        own = cache + prefetch + (0 if shared == "1" else slots)
-        staging = expert * slots if shared == "1" else 0.0
+        own = cache + prefetch + (0 if shared else slots)  # slots a layer holds alone; the shared region once
         out.append(StageOffload(
             moe_layers=len(stage), cache_per_layer=cache, prefetch_per_layer=prefetch, staging_per_layer=slots,
-            shared_staging=shared == "1", expert_mib=expert / 2**20,
-            gpu_bytes=sum(size / n_experts * own for size in stage.values()) + (staging if stage else 0.0),
+            shared_staging=shared, expert_mib=expert / 2**20,
+            gpu_bytes=sum(size / n_experts * own for size in stage.values()) + (expert * slots if shared else 0.0),
             host_bytes=sum(stage.values()) * tp))
     return out
 

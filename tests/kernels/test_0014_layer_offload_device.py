@@ -25,9 +25,8 @@ CACHE, STAGING, PREFETCH = 8, 16, 4
 GROUPED_MIN_TOKENS = 24  # 5 tokens x 4 picks overflow the 16 staging slots but stay direct; 32 tokens are grouped
 TOKENS = {"staged": 3, "direct": 5, "grouped": 32}
 HAS_CUDA = torch.cuda.is_available()
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu,
-                                              pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")])]
 needs_cuda = [pytest.mark.gpu, pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA GPU")]
+DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
 
 
 @pytest.fixture(scope="module")
