@@ -19,10 +19,15 @@ case "${1:-}" in
     *) echo "scripts/gpu_tests.sh: unknown argument '$1'; the one option is --kernels-only"; exit 2 ;;
 esac
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" RIGSTACK_STRICT_SKIPS=all
-if ! "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then
-    echo "make gpu: $py sees no CUDA GPU (torch.cuda.is_available() is False); run it on a GPU host"
-    exit 1
-fi
+# One line saying why not: no torch in that interpreter, or no GPU it can see.
+"$py" -c "
+import importlib.util, sys
+if importlib.util.find_spec('torch') is None:
+    sys.exit('make gpu: $py has no torch; set PYTHON to the GPU host interpreter that has torch and triton')
+import torch
+if not torch.cuda.is_available():
+    sys.exit('make gpu: $py sees no CUDA GPU (torch.cuda.is_available() is False); run it on a GPU host')
+"
 has_vllm=$("$py" -c "import importlib.util; print(int(importlib.util.find_spec('vllm') is not None))")
 if [ "$has_vllm" = 0 ]; then
     if [ -z "${RIGSTACK_VLLM_BASE:-}" ]; then
