@@ -42,6 +42,7 @@ from rigstack.bench.graph_timing import capture, replay_seconds
 
 ACCURACIES = (0.0, 0.5, 0.7, 0.8, 0.9, 1.0)
 CAPPED_ACCURACIES = (0.0, 0.8, 1.0)
+GOAL_ACCURACY = 0.8  # issue 40's goal: the capped slot count is the model's best here
 HOST_COPIES = 4
 
 
@@ -120,6 +121,21 @@ def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None,
         for layer in range(layers - 1):
             prefetched[step][layer] = len(areas[layer + 1])
     return staged, prefetched, hit_picks, off_steps
+
+
+def best_slots(chain: Chain, hot: list[list[int]], shape: Shape, compute_s: float, per_expert_s: float, prefetch,
+               seed: int, accuracy: float = GOAL_ACCURACY) -> int:
+    """The capped sweep's slot count: the one the overlap model gives the shortest step at `accuracy` on this chain's
+    own routing, from this run's layer compute and gather rate. Too few slots leave misses to gather after the
+    router; too many make the prefetch, wrong guesses included, outlast the compute. The model is
+    rigstack/offload_model.py's overlapped_layers_s, written out here because a bench imports no library (a test
+    holds the two equal)."""
+    def model_s(slots: int) -> float:
+        lists, _ = predictions(chain.ids, hot, slots, accuracy, mlb.N_EXPERTS, seed)
+        staged, fetched, _, _ = traffic(chain.ids, hot, lists, prefetch.BREAK_EVEN, prefetch.DECAY)
+        return sum(m * per_expert_s + max(compute_s, f * per_expert_s)
+                   for step_staged, step_fetched in zip(staged, fetched) for m, f in zip(step_staged, step_fetched))
+    return min(range(1, shape.prefetch + 1), key=model_s)  # the fewest slots among equals
 
 
 def moe_batch(x: torch.Tensor, rows: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor,
@@ -214,11 +230,10 @@ def bench(sizes: list[int], batches: list[int], steps: int, shape: Shape, rounds
             _time([(gpu, capture(run_gpu), run_gpu)], rounds, reps, steps)
         points.append(gpu)
         say(gpu)
-        # The capped sweep: as many prefetch slots as the transfer the layer's compute covers (the cost model's rule
-        # for losing nothing at accuracy 0).
-        cap = max(1, int(statistics.median(gpu.step_s) / shape.layers / per_expert_s)) if on_gpu else 2
         for size in sizes:
             hot = [h.tolist() for h in mlb.per_layer_hot(counts, size)[:shape.layers]]
+            cap = best_slots(chain, hot, shape, statistics.median(gpu.step_s) / shape.layers, per_expert_s,
+                             eo.expert_prefetch, seed) if on_gpu else 2
             plain = build_layers(eo, hosts, hot, shape, 0, device)
             # Each group beside its own per-layer cache, one group's layers alive at a time (every set of layers
             # holds its own cache and staging: more than three at once do not fit an 80 GB card at 66 hot).

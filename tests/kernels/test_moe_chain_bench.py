@@ -54,3 +54,31 @@ def test_the_gather_width_and_the_switch_reach_the_layers_and_change_nothing_els
     assert off["off_steps"] > 0 and on["off_steps"] == 0
     assert sum(off["prefetched"][0]) == sum(on["prefetched"][0]) > 0 and sum(off["prefetched"][2]) == 0
     assert points["prefetch 16 66 @ 1.0"]["off_steps"] == 0
+
+
+def test_the_capped_slot_count_is_the_overlap_models_best() -> None:
+    """The capped sweep's slot count is the one rigstack/offload_model.py's overlap model gives the shortest step
+    (the bench writes the model out, as it imports no library); with one H100's batch-1 figures (layer compute
+    0.59 ms, an expert 0.39 ms over the link) it lies between one slot and all of them."""
+    import statistics
+
+    import torch
+
+    from rigstack import offload_model
+
+    eo = bench.kernel_sources.load_expert_offload(interpret=True)
+    shape, seed = bench.Shape(hidden=8, inter=8), 0
+    trace = bench.mlb.traces(4000, 8 + 1, seed)
+    hot = [h.tolist() for h in bench.mlb.per_layer_hot(bench.mlb.pick_counts(trace.collect), 66)[:shape.layers]]
+    chain = bench.Chain(trace.held_out, 8, 1, shape, torch.device("cpu"), seed)
+    compute_s, per_expert_s = 0.59e-3, 0.39e-3
+
+    def library_s(slots: int) -> float:
+        lists, _ = bench.predictions(chain.ids, hot, slots, bench.GOAL_ACCURACY, bench.mlb.N_EXPERTS, seed)
+        staged, fetched, _, _ = bench.traffic(chain.ids, hot, lists, eo.expert_prefetch.BREAK_EVEN,
+                                              eo.expert_prefetch.DECAY)
+        return statistics.mean(offload_model.overlapped_layers_s(compute_s, per_expert_s, m, f)
+                               for m, f in zip(staged, fetched))
+    best = bench.best_slots(chain, hot, shape, compute_s, per_expert_s, eo.expert_prefetch, seed)
+    assert best == min(range(1, shape.prefetch + 1), key=library_s)
+    assert 1 < best < shape.prefetch
