@@ -102,7 +102,10 @@ def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None,
     staged = [[0] * layers for _ in range(steps)]
     prefetched = [[0] * layers for _ in range(steps)]
     hit_picks = off_steps = 0
-    used, guessed, on = [0.0] * layers, [0.0] * layers, [True] * layers
+    # In float32, as the device judges: at a share of exactly the break-even (used 3, guessed 10) float64 and
+    # float32 decide differently (0.3 rounds up in float32).
+    used, guessed = torch.zeros(layers, dtype=torch.float32), torch.zeros(layers, dtype=torch.float32)
+    on = [True] * layers
     for step in range(steps):
         areas = []
         for layer in range(layers):
@@ -115,9 +118,9 @@ def traffic(ids: torch.Tensor, hot: list[list[int]], lists: torch.Tensor | None,
             staged[step][layer] = len(set(picks) - areas[layer])
             if lists is not None and layer > 0:  # the first layer is filled by none, so it judges nothing
                 off_steps += not on[layer]
-                used[layer] = decay * used[layer] + len(guess & set(chosen))
-                guessed[layer] = decay * guessed[layer] + len(guess)
-                on[layer] = used[layer] >= break_even * guessed[layer]
+                used[layer] = used[layer] * decay + len(guess & set(chosen))
+                guessed[layer] = guessed[layer] * decay + len(guess)
+                on[layer] = bool(used[layer] >= guessed[layer] * break_even)
         for layer in range(layers - 1):
             prefetched[step][layer] = len(areas[layer + 1])
     return staged, prefetched, hit_picks, off_steps
