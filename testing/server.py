@@ -79,6 +79,11 @@ def tiny_moe_model() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_hybrid_model() -> Path:
+    return build_tiny_model("hybrid")
+
+
+@pytest.fixture(scope="session")
 def vllm_server(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., TestServer]]:
     alive: dict[tuple[Any, ...], TestServer] = {}
 

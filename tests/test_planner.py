@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from rigstack import interpreter, planner
 from rigstack.errors import UserError
-from rigstack.planner import kv, weights
-from rigstack.planner.config import shape_known
+from rigstack.planner import hybrid, kv, weights
+from rigstack.planner.config import load_config, shape_known
 from rigstack.planner.core import Request, plan
 from rigstack.planner.profile_plan import plan_for
 from rigstack.planner.verdict import judge
@@ -68,6 +68,40 @@ def test_moe_pp2_at_another_kv_space_equals_the_servers(vllm_server, tiny_moe_mo
     assert planned["pool_tokens"] == logged_pool(server.log)
 
 
+@pytest.mark.server
+def test_mamba2_hybrid_pool_equals_the_servers(vllm_server, tiny_hybrid_model: Path, tmp_path: Path) -> None:
+    """Issue 38 item 7: a model with Mamba-type states (GraniteMoeHybrid: Mamba2 on layers 0 and 2, attention on
+    1 and 3), served on the CPU twin with prefix caching on (vLLM's default, so its states are in align mode): the
+    planner's state specs, hybrid block alignment and pool equal vLLM's. Served in float32 (rigstack.tinymodel
+    says why)."""
+    server = vllm_server(model=tiny_hybrid_model, extra_args=["--dtype", "float32"])
+    profile = profile_file(tmp_path, f"""description: tiny Mamba2 hybrid
+flavour: cpu
+hardware:
+  host_ram_gib: 4
+model:
+  path: {tiny_hybrid_model}
+  served_name: tiny
+env:
+  VLLM_CPU_KVCACHE_SPACE: "1"
+vllm:
+  dtype: float32
+  max-model-len: 2048
+  enable-prefix-caching: true
+""")
+    planned = plan_for(str(profile))
+    assert planned["groups"] == ["MambaSpec x2", "FullAttentionSpec x2"] and planned["block_size"] == 128
+    assert planned["pool_tokens"] == logged_pool(server.log)
+    # The state's page padded to the attention page, as the server logged it (131,072 B over 39,296).
+    padding = re.findall(r"Padding mamba page size by ([\d.]+)%", server.log.read_text())
+    setup = kv.KvSetup("GraniteMoeHybridForCausalLM", 2048, 256, 2048, 128, model_dtype="float32", cpu=True,
+                       enable_prefix_caching=True)
+    config, _ = load_config(load_profile(str(profile)), tiny_hybrid_model)
+    block, padded = kv.hybrid_block(setup, config)
+    state = hybrid.state_spec(setup, config, -1, None).page_size_bytes
+    assert padding == [f"{100 * (padded - state) / state:.2f}"]
+
+
 # --- equivalents of vLLM code that cannot run here, proven equal -----------------------------------------------
 
 
@@ -106,7 +140,7 @@ def test_hybrid_block_alignment_equals_vllms(monkeypatch: pytest.MonkeyPatch, kv
     setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128, kv_cache_dtype=kv_dtype, tp=tp,
                        num_speculative_tokens=draft, speculative_method="dflash" if draft else None,
                        kernel_block_sizes=(kernel,))
-    mine = kv.align_hybrid_block(setup, text)
+    mine = kv.hybrid_block(setup, text)
 
     config = kv.vllm_config(setup, text)
     config.model_config.use_mla = True
@@ -277,7 +311,7 @@ def test_prefix_caching_puts_the_kda_states_in_align_mode() -> None:
     for caching, states in ((False, 1 + 7), (True, 2 + 7)):  # MambaSpec.max_memory_usage_bytes per request
         setup = kv.KvSetup("Glm5NextForCausalLM", 1_048_576, 8, 4096, 128, num_speculative_tokens=7,
                            speculative_method="dflash", enable_prefix_caching=caching)
-        spec = kv.kda_spec(setup, text, 4608, None)
+        spec = hybrid.state_spec(setup, text, 4608, None)
         config = kv.vllm_config(setup, text)
         assert spec.max_memory_usage_bytes(config) == states * spec.page_size_bytes
 

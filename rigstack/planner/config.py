@@ -24,8 +24,10 @@ def text_config(config: Any) -> Any:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
+    from transformers import PretrainedConfig
+
+    try:  # transformers' own reader: it decodes the floats JSON cannot hold ({"__float__": "Infinity"})
+        return PretrainedConfig.get_config_dict(str(path))[0]
     except (OSError, ValueError) as error:
         raise UserError(f"{path}: not readable as JSON ({error}); re-download the model's config.json") from None
 

