@@ -23,3 +23,18 @@ def interp(_interp_modules, monkeypatch):
 def native():
     """The modules compiled for the GPU, plus the patched glm5next kpool module."""
     return kernel_sources.load(interpret=False, with_kpool=True)
+
+
+OFFLOAD_KERNELS = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
+
+
+@pytest.fixture(scope="module")
+def ko():
+    """Patch 0013's expert offload kernels (with 0019's bookkeeping program), their Triton in the interpreter."""
+    return kernel_sources.load_module(OFFLOAD_KERNELS, interpret=True)
+
+
+@pytest.fixture(scope="module")
+def kn():
+    """The same module compiled for the GPU."""
+    return kernel_sources.load_module(OFFLOAD_KERNELS, interpret=False)

@@ -11,20 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rigstack.bench import kernel_sources
 
-MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-@pytest.fixture(scope="module")
-def ko():
-    return kernel_sources.load_module(MODULE, interpret=True)
-
-
-@pytest.fixture(scope="module")
-def kn():
-    return kernel_sources.load_module(MODULE, interpret=False)
 
 
 def slot_map(n_experts: int, hot: list[int]) -> torch.Tensor:

@@ -15,21 +15,9 @@ import random
 import pytest
 import torch
 
-from rigstack.bench import kernel_sources
 
-MODULE = "vllm/model_executor/layers/fused_moe/expert_offload_kernels.py"
 DECAY = 0.5
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-
-
-@pytest.fixture(scope="module")
-def ko():
-    return kernel_sources.load_module(MODULE, interpret=True)
-
-
-@pytest.fixture(scope="module")
-def kn():
-    return kernel_sources.load_module(MODULE, interpret=False)
 
 
 class Contract:
