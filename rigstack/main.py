@@ -9,7 +9,7 @@
     rigstack bench|conc|needle|qual|compare|bang           the probes (scripts/*.py)
     rigstack expert-trace                                  per-layer hot sets (scripts/expert_trace.py)
     rigstack upstream-tests                                vLLM's own tests, pristine vs patched (scripts/...)
-    rigstack prove-patch-tests                             each patch's tests: pass patched, fail pristine (scripts/...)
+    rigstack prove-patch-tests                             each patch's tests: pass patched, fail below it (scripts/...)
     rigstack twin                                          the CPU twin's wheel built from the sdist (make cpu)
 """
 

@@ -1,22 +1,22 @@
-"""Prove the patch tests: each patch's tests pass on the patched package and fail on the pristine one.
+"""Prove the patch tests: each patch's tests pass on the patched package and fail on the stack below that patch.
 
-The test files of a patch are the ones its `Tests:` header names. pytest runs them twice with this interpreter, once
-with PYTHONPATH on each package, and the JUnit reports are compared test by test. A test marked `upstream_guard`
-(tests/patches/conftest.py) checks behaviour the patch must keep, so it has to pass on both; every other test has to
-fail on the pristine package, or it proves nothing about the patch.
+The test files of a patch are the ones its `Tests:` header names. pytest runs them with this interpreter and
+PYTHONPATH on a package: once on the fully patched package (one run for every patch), and once on each patch's
+baseline, the pristine package with the patches below it applied (rigstack.proofbaselines; the first patch's is the
+pristine package itself), so a test of patch N that patch N-k's code already satisfies proves nothing about N. The
+JUnit reports are compared test by test. A test marked `upstream_guard` (tests/patches/conftest.py) checks behaviour
+the patch must keep, so it has to pass on both; every other test has to fail on the baseline, or it proves nothing
+about the patch.
 
-How a test failed on the pristine package decides what it proves (rigstack.pytest_outcomes reads it from pytest):
-it proves the patch's behaviour only where the test ran a function of a pristine file the patch changes (coverage,
-in the test's own process) and then its own assertion failed, or the package's code raised; any other failure (a
-collection error, a failing or missing fixture, a missing module, file, name, argument or key, an exception only
-the test's code raised, a test that never reached the changed files) proves only that the patch adds something.
-A patch with no test of the first kind is "additive", and where it also changes modules the pristine package has,
-its wiring is unproven and the verdict says so. Each patch pins the verdict its tests earn in its `Proof:` header;
-a verdict that moves is a problem, so a patch cannot slide from behaviour to additive with CI green. Tests the
-markers leave out (server tests by default) are listed per patch as not proven here.
-
-Not done here: the baseline is the pristine package, not the stack below each patch, so a test named by patch N
-can be satisfied by an earlier patch's code.
+How a test failed on the baseline decides what it proves (rigstack.pytest_outcomes reads it from pytest): it proves
+the patch's behaviour only where the test ran a function of a baseline file the patch changes (coverage, in the
+test's own process) and then its own assertion failed, or the package's code raised; any other failure (a collection
+error, a failing or missing fixture, a missing module, file, name, argument or key, an exception only the test's code
+raised, a test that never reached the changed files) proves only that the patch adds something. A patch with no test
+of the first kind is "additive", and where it also changes modules its baseline has, its wiring is unproven and the
+verdict says so. Each patch pins the verdict its tests earn in its `Proof:` header; a verdict that moves is a
+problem, so a patch cannot slide from behaviour to additive with CI green. Tests the markers leave out (server tests
+by default) are listed per patch as not proven here.
 """
 
 from __future__ import annotations
@@ -33,11 +33,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 
+from rigstack import proofbaselines
 from rigstack.errors import UserError
 from rigstack.outcomekinds import (ASSERTION, BEHAVIOUR, COULD_NOT_RUN, DESELECTED_OPTION, NEW_FILES_ONLY, PROPERTY,
                                    RAISED, REACH_ENV, WIRING_UNPROVEN)
+from rigstack.proofbaselines import PRISTINE
 from rigstack.stack import Stack
-from rigstack.versions import REPO_ROOT
+from rigstack.versions import REPO_ROOT, Pins, load_pins
 
 GUARD = "upstream_guard"
 DEFAULT_MARKERS = "not server"
@@ -45,7 +47,8 @@ PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 _LISTED = re.compile(r"[^\s,]+\.py")
 OUTCOMES_PLUGIN = "rigstack.pytest_outcomes"
 # The proof's own machinery: a change to any of these can move every verdict, so make check proves every patch.
-HARNESS = ("rigstack/patchtests.py", "rigstack/pytest_outcomes.py", "rigstack/outcomekinds.py", "testing/",
+HARNESS = ("rigstack/patchtests.py", "rigstack/proofbaselines.py", "rigstack/pytest_outcomes.py",
+           "rigstack/outcomekinds.py", "testing/",
            "tests/patches/conftest.py", "tests/patches/test_prove_baseline_failures.py")
 
 
@@ -81,15 +84,16 @@ class PatchProof:
     tests: int  # tests that ran on the patched package
     guards: int
     patched_passed: int
-    pristine_failed: int  # non-guard tests that failed on the pristine package, as they must
+    baseline_failed: int  # non-guard tests that failed on the baseline, as they must
     skipped: int
     problems: tuple[str, ...]
-    # Of pristine_failed: tests whose own assertion failed there, or whose code under test raised there (the
+    # Of baseline_failed: tests whose own assertion failed there, or whose code under test raised there (the
     # patch's behaviour is missing), and tests that could not run there (its module, file, name or fixture is).
     by_behaviour: int = 0
     could_not_run: int = 0
-    wires: bool = True  # the patch changes a module the pristine package has, not only adds files
+    wires: bool = True  # the patch changes a module its baseline has, not only adds files
     not_run: tuple[str, ...] = ()  # tests its Tests: header names that the markers left out (server tests)
+    baseline: str = PRISTINE  # what it was judged against: "pristine", or "stack to 0016" (rigstack.proofbaselines)
 
     @property
     def ok(self) -> bool:
@@ -113,6 +117,7 @@ class Proof:
     patched: Path
     patches: tuple[PatchProof, ...]
     markers: str = DEFAULT_MARKERS  # the pytest -m expression the tests ran under
+    baselines: dict[str, Path] = field(default_factory=dict)  # baseline label -> its package folder
 
     @property
     def ok(self) -> bool:
@@ -199,7 +204,7 @@ def _merged(runs: list[SuiteRun]) -> SuiteRun:
 def _run_pytest(package: Path, files: list[str], markers: str, env: dict[str, str], setup: PytestSetup) -> SuiteRun:
     with tempfile.TemporaryDirectory(prefix="rigstack-patchtests-") as scratch:
         report, deselected = Path(scratch) / "junit.xml", Path(scratch) / "deselected.json"
-        # A pristine package often cannot even import a patch's new module: keep going past collection errors.
+        # A baseline often cannot even import a patch's new module: keep going past collection errors.
         # The plugin writes how each failing test failed into the report (a missing module or a failed assertion).
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", OUTCOMES_PLUGIN,
                                "--continue-on-collection-errors", "-m", markers, f"--junitxml={report}",
@@ -267,14 +272,16 @@ def parse_junit(xml: str, files: list[str]) -> SuiteRun:
                     kinds=kinds, reached=reached)
 
 
-def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: SuiteRun,
-          changes: frozenset[str] = frozenset(), pinned: str | None = None) -> PatchProof:
-    """Compare one patch's tests across the two runs. A test that failed on the pristine package proves the patch's
-    behaviour only where it ran a function of a file the patch changes (`changes`: pristine files, relative to the
-    package) and its own assertion failed there or the package raised; one that could not run there (the patch's
-    new module, file or fixture is missing) proves only that the patch adds them, which an `assert True` beside a
-    new fixture would. `pinned`: the verdict the patch's Proof: header expects ("": it has none, a problem; None:
-    nothing pinned, the verdict is only reported)."""
+def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, baseline: SuiteRun,
+          changes: frozenset[str] = frozenset(), pinned: str | None = None, against: str = PRISTINE) -> PatchProof:
+    """Compare one patch's tests across the patched run and the run on its baseline (`against` names it: "pristine",
+    or "stack to 0016"). A test that failed on the baseline proves the patch's behaviour only where it ran a function
+    of a file the patch changes (`changes`: baseline files, relative to the package) and its own assertion failed
+    there or the package raised; one that could not run there (the patch's new module, file or fixture is missing)
+    proves only that the patch adds them, which an `assert True` beside a new fixture would. `pinned`: the verdict
+    the patch's Proof: header expects ("": it has none, a problem; None: nothing pinned, the verdict is only
+    reported)."""
+    there = proofbaselines.phrase(against)
     ids = sorted(test_id for test_id in patched.outcomes if test_id.split("::")[0] in files)
     problems: list[str] = [f"Tests: names {file}, which does not exist" for file in files
                            if not (REPO_ROOT / file).is_file()]
@@ -284,21 +291,22 @@ def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: Su
     passed = [test_id for test_id in ran if patched.outcomes[test_id] == PASSED]
     problems += [f"{test_id} fails on the patched package" for test_id in ran if test_id not in passed]
     proving = [test_id for test_id in passed if test_id not in guards]
-    failed_on_pristine = [test_id for test_id in proving if pristine.outcome(test_id) == FAILED]
-    problems += [f"{test_id} {'passes' if pristine.outcome(test_id) == PASSED else 'did not run'} on the pristine "
-                 "package, so it proves nothing (mark it upstream_guard if it checks kept behaviour)"
-                 for test_id in proving if test_id not in failed_on_pristine]
-    problems += [f"guard {test_id} fails on the pristine package: it does not check upstream behaviour"
-                 for test_id in guards if test_id in passed and pristine.outcome(test_id) == FAILED]
-    if not failed_on_pristine:
-        problems.append("no test passes on the patched package and fails on the pristine one")
-    behaviour = [test_id for test_id in failed_on_pristine if pristine.failure_kind(test_id) in (ASSERTION, RAISED)
-                 and pristine.reached.get(test_id, frozenset()) & changes]
+    failed_there = [test_id for test_id in proving if baseline.outcome(test_id) == FAILED]
+    problems += [f"{test_id} {'passes' if baseline.outcome(test_id) == PASSED else 'did not run'} on {there}, so "
+                 "it proves nothing (mark it upstream_guard if it checks kept behaviour)"
+                 for test_id in proving if test_id not in failed_there]
+    problems += [f"guard {test_id} fails on {there}: it does not check kept behaviour"
+                 for test_id in guards if test_id in passed and baseline.outcome(test_id) == FAILED]
+    if not failed_there:
+        problems.append(f"no test passes on the patched package and fails on {there}")
+    behaviour = [test_id for test_id in failed_there if baseline.failure_kind(test_id) in (ASSERTION, RAISED)
+                 and baseline.reached.get(test_id, frozenset()) & changes]
     proof = PatchProof(patch_id=patch_id, files=files, tests=len(ran), guards=len(guards), patched_passed=len(passed),
-                       pristine_failed=len(failed_on_pristine), skipped=len(ids) - len(ran), problems=tuple(problems),
-                       by_behaviour=len(behaviour), could_not_run=len(failed_on_pristine) - len(behaviour),
+                       baseline_failed=len(failed_there), skipped=len(ids) - len(ran), problems=tuple(problems),
+                       by_behaviour=len(behaviour), could_not_run=len(failed_there) - len(behaviour),
                        wires=bool(changes), not_run=tuple(sorted(test_id for test_id in patched.deselected
-                                                                 if test_id.split("::")[0] in files)))
+                                                                 if test_id.split("::")[0] in files)),
+                       baseline=against)
     if pinned == "":
         proof = replace(proof, problems=(*proof.problems, f"its header has no Proof: line; pin the verdict its tests "
                                          f"earn: 'Proof: {proof.earned}'"))
@@ -308,27 +316,40 @@ def judge(patch_id: str, files: tuple[str, ...], patched: SuiteRun, pristine: Su
     return proof
 
 
-def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (),
-          markers: str = DEFAULT_MARKERS) -> Proof:
-    """Run every selected patch's tests on both packages and judge each patch."""
+def prove(stack: Stack, pristine: Path, patched: Path, only: tuple[str, ...] = (), markers: str = DEFAULT_MARKERS,
+          pins: Pins | None = None, setup: PytestSetup = PytestSetup()) -> Proof:
+    """Run every selected patch's tests on the patched package and on its baseline, and judge each patch. `pins`:
+    what the pristine package must be (the applier checks it before building a baseline); versions.env's by default.
+    """
     files_by_patch = patch_test_files(stack, only)
     # A missing file is that patch's problem (judge names it); the other patches are still proven.
-    files = sorted({name for names in files_by_patch.values() for name in names if (REPO_ROOT / name).is_file()})
+    existing = {patch_id: [name for name in names if (REPO_ROOT / name).is_file()]
+                for patch_id, names in files_by_patch.items()}
+    files = sorted({name for names in existing.values() for name in names})
     if not files:
         raise UserError("no patch names an existing test file in its Tests: header; nothing to prove")
-    changes = {patch.id: frozenset(name for name in patch.touched_files if (pristine / name).is_file())
-               for patch in stack.patches if patch.id in files_by_patch}
-    patched_run = run_tests(patched, files, markers)
-    pristine_run = run_tests(pristine, files, markers, reach=tuple(sorted(frozenset().union(*changes.values()))))
+    check_package_folder(pristine)
+    check_package_folder(patched)
+    bases = proofbaselines.baselines(stack, pristine, files_by_patch, pins or load_pins())
+    touched = {patch.id: patch.touched_files for patch in stack.patches}
+    # The files each patch changes that its baseline has: what a test must reach to prove its behaviour.
+    changes = {patch_id: frozenset(name for name in touched[patch_id] if (bases[patch_id].package / name).is_file())
+               for patch_id in files_by_patch}
+    patched_run = run_tests(patched, files, markers, setup)
+    # One run per baseline: each patch's tests on the stack below it, watching what that patch changes.
+    runs = {patch_id: run_tests(bases[patch_id].package, names, markers, setup, tuple(sorted(changes[patch_id])))
+            if names else SuiteRun({}, frozenset(), frozenset()) for patch_id, names in existing.items()}
     pinned = {patch.id: patch.header.proof for patch in stack.patches}
-    return Proof(pristine=pristine, patched=patched, markers=markers, patches=tuple(
-        judge(patch_id, names, patched_run, pristine_run, changes[patch_id], pinned[patch_id] or "")
-        for patch_id, names in files_by_patch.items()))
+    return Proof(pristine=pristine, patched=patched, markers=markers,
+                 baselines={base.label: base.package for base in bases.values()}, patches=tuple(
+                     judge(patch_id, names, patched_run, runs[patch_id], changes[patch_id], pinned[patch_id] or "",
+                           bases[patch_id].label)
+                     for patch_id, names in files_by_patch.items()))
 
 
 def proof_json(proof: Proof) -> dict[str, object]:
     return {"pristine": str(proof.pristine), "patched": str(proof.patched), "ok": proof.ok,
-            "markers": proof.markers,
+            "markers": proof.markers, "baselines": {label: str(path) for label, path in proof.baselines.items()},
             "patches": [{**asdict(patch), "ok": patch.ok, "verdict": patch.verdict} for patch in proof.patches]}
 
 

@@ -1,4 +1,5 @@
-"""rigstack prove-patch-tests: every patch's tests pass on the patched vllm package and fail on the pristine one.
+"""rigstack prove-patch-tests: every patch's tests pass on the patched vllm package and fail on the pristine one with
+the patches below it applied (built from --pristine and kept in the rigstack cache).
 
     python scripts/prove_patch_tests.py --pristine DIR/vllm --patched DIR/vllm [--only 0001,0002] [--json]
 
@@ -17,19 +18,21 @@ from rigstack.errors import UserError
 from rigstack.output import print_json
 from rigstack.stack import DEFAULT_PATCHES_DIR, load_stack
 
-app = typer.Typer(add_completion=False, help="Prove that each patch's tests pass patched and fail pristine.")
+app = typer.Typer(add_completion=False,
+                  help="Prove that each patch's tests pass patched and fail on the stack below it.")
 
 
 @app.command()
 def main(
-    pristine: Annotated[Path, typer.Option(help="the unpatched vllm package folder (with its .so files)")],
+    pristine: Annotated[Path, typer.Option(help="the unpatched vllm package folder (with its .so files); each "
+                                                "patch's baseline is a copy with the patches below it applied")],
     patched: Annotated[Path, typer.Option(help="the same package with the stack applied")],
     only: Annotated[str | None, typer.Option(help="comma-separated patch ids to prove, nothing else")] = None,
     markers: Annotated[str, typer.Option(help="pytest -m expression choosing the tests")] = patchtests.DEFAULT_MARKERS,
     patches: Annotated[Path, typer.Option(help="the patch folder")] = DEFAULT_PATCHES_DIR,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable result on stdout")] = False,
 ) -> int:
-    """Run the patch tests on both packages; exit 1 unless every patch is proven."""
+    """Run the patch tests on the patched package and each patch's baseline; exit 1 unless every patch is proven."""
     from rigstack.output.proofs import print_proof
 
     proof = patchtests.prove(load_stack(patches), pristine, patched, tuple(filter(None, (only or "").split(","))),
