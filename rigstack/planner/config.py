@@ -6,7 +6,6 @@ Runs in the serving interpreter (transformers ships the config classes); see rig
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
