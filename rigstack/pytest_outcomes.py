@@ -8,8 +8,11 @@ which code raised it. The verdict is a user property, which pytest's junitxml wr
 With RIGSTACK_PROOF_REACH naming a JSON list of files of the package under test, the plugin also records, per
 failing test, which of them ran a line inside one of their functions during the test's own setup and call
 (coverage.py, one context per test): a failure proves a patch's behaviour only where the test reached the code the
-patch changes. A child process the test starts is not traced; its work counts as not reached (a proof must not
-claim more than it shows).
+patch changes. A Python child process the test starts as a new interpreter (subprocess, multiprocessing's spawn)
+counts too: coverage.py's own startup hook (the .pth it installs) measures it when COVERAGE_PROCESS_START names a
+config, and the child writes its data, at exit or on SIGTERM, into a folder of the test that started it. A forked
+child, or one killed outright, is not measured; its work counts as not reached (a proof must not claim more than it
+shows).
 """
 
 from __future__ import annotations
@@ -19,8 +22,11 @@ import importlib.util
 import json
 import os
 import re
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -32,6 +38,7 @@ _MISSING = (ImportError, FileNotFoundError, AttributeError, TypeError, KeyError)
 _DESELECTED = pytest.StashKey[list]()
 _REACH = pytest.StashKey["_Reach"]()
 _PACKAGE = pytest.StashKey["Path | None"]()
+_CHILD_DATA = "RIGSTACK_PROOF_CHILD_DATA"  # the data folder of the test running now, for its child processes
 _PYTEST_DIRS = (Path(pytest.__file__).parent.parent / "_pytest", Path(pytest.__file__).parent.parent / "pluggy")
 
 
@@ -81,7 +88,9 @@ def function_lines(source: str) -> frozenset[int]:
 
 
 class _Reach:
-    """coverage.py over the watched files, one dynamic context per test id."""
+    """coverage.py over the watched files: in this process one dynamic context per test id; in the child processes a
+    test starts, a data folder per test, named in the environment they inherit (coverage.py expands it in their
+    config)."""
 
     def __init__(self, package: Path, files: list[str]) -> None:
         import coverage
@@ -89,20 +98,54 @@ class _Reach:
         # Keyed by resolved path: coverage names a file as the code object does, maybe through a link.
         self.lines = {(package / name).resolve(): (name, function_lines((package / name).read_text()))
                       for name in files if (package / name).is_file()}
-        self.coverage = coverage.Coverage(data_file=None, config_file=False,
-                                          include=[str(path) for path in self.lines] + [str(package / name)
-                                                                                      for name in files])
+        include = [str(path) for path in self.lines] + [str(package / name) for name in files]
+        self.coverage = coverage.Coverage(data_file=None, config_file=False, include=include)
         self.coverage.start()
+        self.children = Path(tempfile.mkdtemp(prefix="rigstack-reach-"))
+        (self.children / "outside").mkdir()
+        self.tests = 0
+        config = self.children / "children.ini"
+        # A child started outside a test (a session fixture's) writes to "outside", which no test reads.
+        config.write_text(f"[run]\nparallel = true\nsigterm = true\n"
+                          f"data_file = ${{{_CHILD_DATA}-{self.children / 'outside'}}}/child\n"
+                          "include =\n" + "".join(f"    {path}\n" for path in include))
+        os.environ["COVERAGE_PROCESS_START"] = str(config)
+
+    def begin(self, test_id: str) -> None:
+        self.coverage.switch_context(test_id)
+        self.tests += 1
+        os.environ[_CHILD_DATA] = str(self.children / str(self.tests))
+        Path(os.environ[_CHILD_DATA]).mkdir()
+
+    def end(self) -> None:
+        self.coverage.switch_context("")
+        os.environ.pop(_CHILD_DATA, None)
 
     def reached(self, test_id: str) -> list[str]:
+        from coverage import CoverageData
+
         data = self.coverage.get_data()
         data.set_query_contexts([f"^{re.escape(test_id)}$"])
+        found = self._found(data)
+        # The children this test started, each its own data file (written when it ended).
+        for path in Path(os.environ.get(_CHILD_DATA, self.children / "outside")).glob("child.*"):
+            child = CoverageData(basename=str(path))
+            child.read()
+            found |= self._found(child)
+        return sorted(found)
+
+    def _found(self, data: Any) -> set[str]:
         found = set()
         for measured in data.measured_files():
             name, lines = self.lines.get(Path(measured).resolve(), (None, frozenset()))
             if name is not None and lines & set(data.lines(measured) or ()):
                 found.add(name)
-        return sorted(found)
+        return found
+
+    def stop(self) -> None:
+        self.coverage.stop()
+        os.environ.pop("COVERAGE_PROCESS_START", None)
+        shutil.rmtree(self.children, ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -117,10 +160,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
     reach = item.config.stash.get(_REACH, None)
     if reach is not None:
-        reach.coverage.switch_context(item.nodeid)
+        reach.begin(item.nodeid)
     yield
     if reach is not None:
-        reach.coverage.switch_context("")
+        reach.end()
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -142,7 +185,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def pytest_unconfigure(config: pytest.Config) -> None:
     reach = config.stash.get(_REACH, None)
     if reach is not None:
-        reach.coverage.stop()
+        reach.stop()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

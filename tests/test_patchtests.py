@@ -55,6 +55,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                           return added
                       """,
                   TESTS: """\
+                      import multiprocessing
                       import queue
                       import subprocess
                       import sys
@@ -72,6 +73,23 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
 
                       def test_crash():  # behaviour: the package's own code raises where the patch fixed it
                           assert vllm.half(3) == 1
+
+                      def test_child():  # behaviour: a new interpreter runs the changed function, the parent asserts
+                          done = subprocess.run([sys.executable, "-c", "import vllm; print(vllm.scaled(1))"],
+                                                capture_output=True, text=True)
+                          assert done.stdout.strip() == "2"
+
+                      def _scaled_in_child(answers):
+                          answers.put(vllm.scaled(1))
+
+                      def test_spawned_child():  # behaviour: the same through multiprocessing's spawn (0011's ranks)
+                          context = multiprocessing.get_context("spawn")
+                          answers = context.Queue()
+                          child = context.Process(target=_scaled_in_child, args=(answers,))
+                          child.start()
+                          answer = answers.get(timeout=60)
+                          child.join(timeout=60)
+                          assert answer == 2
 
                       def test_constant():  # not reached: a constant read, no function of the module ran
                           assert vllm.VALUE == 2
@@ -163,7 +181,7 @@ def runs(packages: tuple[Path, Path, Path]) -> tuple[Path, SuiteRun, SuiteRun]:
             patchtests.run_tests(patched, [TESTS, BROKEN], "not server", setup))
 
 
-BEHAVIOUR_TESTS = {"test_value", "test_checks", "test_crash"}
+BEHAVIOUR_TESTS = {"test_value", "test_checks", "test_crash", "test_child", "test_spawned_child"}
 NOT_REACHED = {"test_constant", "test_child_cannot_import", "test_hasattr", "test_getattr_default",
                "test_import_fallback"}
 MISSING = {"test_new_module", "test_new_file", "test_fixture", "test_new_name", "test_registry_key",
@@ -176,9 +194,11 @@ def test_pristine_failures_are_sorted_by_how_they_failed(runs: tuple[Path, Suite
     failed = {test_id.split("::")[-1]: test_id for test_id, outcome in run.outcomes.items() if outcome == FAILED}
     assert set(failed) == BEHAVIOUR_TESTS | NOT_REACHED | MISSING
     kinds = {name: run.failure_kind(test_id) for name, test_id in failed.items()}
-    assert kinds == {"test_value": ASSERTION, "test_checks": ASSERTION, "test_crash": RAISED,
-                     **dict.fromkeys(NOT_REACHED, ASSERTION), **dict.fromkeys(MISSING, COULD_NOT_RUN)}
-    # Reach: only the tests that called a function of the changed module ran its code (the child is not traced).
+    assert kinds == {"test_value": ASSERTION, "test_checks": ASSERTION, "test_crash": RAISED, "test_child": ASSERTION,
+                     "test_spawned_child": ASSERTION, **dict.fromkeys(NOT_REACHED, ASSERTION),
+                     **dict.fromkeys(MISSING, COULD_NOT_RUN)}
+    # Reach: only the tests that called a function of the changed module ran its code, in their own process or in a
+    # child they started (a child that only imports the package runs none of its functions).
     assert {name for name, test_id in failed.items() if run.reached.get(test_id)} == BEHAVIOUR_TESTS | {
         "test_registry_key"}
     assert run.broken_files == {BROKEN} and run.failure_kind(f"{BROKEN}::test_x") == COULD_NOT_RUN
@@ -197,7 +217,7 @@ def test_a_patch_is_proven_by_behaviour_only_where_its_changed_code_ran(runs: tu
     monkeypatch.setattr(patchtests, "REPO_ROOT", root)  # where judge looks for the Tests: files
     changes = frozenset({CHANGED})
     both = patchtests.judge("0001", (TESTS, BROKEN), patched, pristine, changes)
-    assert both.ok and (both.by_behaviour, both.could_not_run) == (3, 12)  # value, checks, crash
+    assert both.ok and (both.by_behaviour, both.could_not_run) == (5, 12)  # value, checks, crash and the children
     assert both.verdict == "proven by behaviour"
     assert both.not_run == (f"{TESTS}::test_served",)
     # The same failures against a patch that changes another file: nothing reached it, so nothing proves behaviour.
