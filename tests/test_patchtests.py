@@ -56,6 +56,7 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                       """,
                   TESTS: """\
                       import multiprocessing
+                      import os
                       import queue
                       import subprocess
                       import sys
@@ -92,6 +93,12 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path
                           assert answer == 2
 
                       def test_constant():  # not reached: a constant read, no function of the module ran
+                          assert vllm.VALUE == 2
+
+                      def test_child_data_half_written():  # a child's data file half written: read as no data
+                          folder = os.environ.get("RIGSTACK_PROOF_CHILD_DATA")
+                          if folder:
+                              (Path(folder) / "child.partial").write_text("half")
                           assert vllm.VALUE == 2
 
                       def test_new_module():  # could not run: the new module is missing
@@ -182,8 +189,8 @@ def runs(packages: tuple[Path, Path, Path]) -> tuple[Path, SuiteRun, SuiteRun]:
 
 
 BEHAVIOUR_TESTS = {"test_value", "test_checks", "test_crash", "test_child", "test_spawned_child"}
-NOT_REACHED = {"test_constant", "test_child_cannot_import", "test_hasattr", "test_getattr_default",
-               "test_import_fallback"}
+NOT_REACHED = {"test_constant", "test_child_data_half_written", "test_child_cannot_import", "test_hasattr",
+               "test_getattr_default", "test_import_fallback"}
 MISSING = {"test_new_module", "test_new_file", "test_fixture", "test_new_name", "test_registry_key",
            "test_test_code_raises"}
 
@@ -217,7 +224,7 @@ def test_a_patch_is_proven_by_behaviour_only_where_its_changed_code_ran(runs: tu
     monkeypatch.setattr(patchtests, "REPO_ROOT", root)  # where judge looks for the Tests: files
     changes = frozenset({CHANGED})
     both = patchtests.judge("0001", (TESTS, BROKEN), patched, pristine, changes)
-    assert both.ok and (both.by_behaviour, both.could_not_run) == (5, 12)  # value, checks, crash and the children
+    assert both.ok and (both.by_behaviour, both.could_not_run) == (5, 13)  # value, checks, crash and the children
     assert both.verdict == "proven by behaviour"
     assert both.not_run == (f"{TESTS}::test_served",)
     # The same failures against a patch that changes another file: nothing reached it, so nothing proves behaviour.
