@@ -36,6 +36,12 @@ KPOOL = "vllm/models/glm5next/nvidia/ops/kpool_compress.py"
 COMMON = "vllm/v1/attention/ops/common.py"
 COMMUNICATORS = "vllm/distributed/device_communicators/"
 HOST_COLLECTIVES = ("host_collectives", "host_collectives_triton")
+STAGE_TIMING = "vllm/v1/worker/stage_timing.py"
+# The stage timer's vLLM imports and what stands in for them (its platform question answered by torch).
+_STAGE_TIMING_IMPORTS = (
+    ("from vllm.logger import init_logger\n", "from logging import getLogger as init_logger\n"),
+    ("from vllm.platforms import current_platform\n",
+     "\n\nclass current_platform:\n    is_cuda_alike = staticmethod(torch.cuda.is_available)\n"))
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -151,6 +157,19 @@ def load(interpret: bool = False, with_kpool: bool = False) -> types.SimpleNames
     if with_kpool:
         sources["kpool_compress"] = _kpool_source()
     return _import_private("sm8x_ops", sources, interpret)
+
+
+def load_stage_timing() -> types.ModuleType:
+    """Patches 0003 and 0012's stage timer without vLLM (the GPU machine has none): its two vLLM imports, the logger
+    and the platform's CUDA check, become the standard library's logger and torch's own check; the clock, the log
+    lines and the trace are the package's code."""
+    src = source(STAGE_TIMING)
+    for vllm_import, plain in _STAGE_TIMING_IMPORTS:
+        if vllm_import not in src:
+            raise FileNotFoundError(f"{STAGE_TIMING} no longer imports {vllm_import.strip()!r}: update "
+                                    "load_stage_timing")
+        src = src.replace(vllm_import, plain)
+    return _import_private("stage_timing", {"stage_timing": src}, interpret=False).stage_timing
 
 
 def load_host_collectives() -> types.SimpleNamespace:

@@ -6,22 +6,15 @@ The end-to-end check (timing lines from both stages of a real PP=2 server) is in
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
 import pytest
-import torch
 
+from testing.stagelog import timing_lines
 from testing.worker import scheduler_output
 
 ENV = "VLLM_STAGE_TIMING"
-LINE = re.compile(r"stage_timing pp_rank=(\d+) step=(\d+) tokens=(\d+) ms=(\d+\.\d+)")
-
-
-def _lines(caplog: pytest.LogCaptureFixture) -> list[tuple[int, int, int, float]]:
-    found = [LINE.search(record.getMessage()) for record in caplog.records]
-    return [(int(m[1]), int(m[2]), int(m[3]), float(m[4])) for m in found if m]
 
 
 def test_worker_steps_are_timed_when_on(make_worker: Any) -> None:
@@ -67,31 +60,10 @@ def test_timer_logs_one_greppable_line_per_step(caplog: pytest.LogCaptureFixture
         outputs = [timer(batch) for batch in batches]
     assert outputs == ["out-1", "out-2", "out-3", "out-4"]
     assert calls == batches
-    lines = _lines(caplog)
+    lines = timing_lines(caplog)
     # Steps without tokens (PP bubbles, empty batches) are counted but not logged.
     assert [(rank, step, tokens) for rank, step, tokens, _ in lines] == [(1, 1, 8), (1, 2, 1), (1, 4, 3)]
     assert all(20.0 <= ms < 2000.0 for *_, ms in lines)
     assert ranks == [1]  # the rank is looked up once, on the first logged step
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA-event clock)")
-def test_cuda_timer_logs_finished_steps_without_syncing(caplog: pytest.LogCaptureFixture) -> None:
-    from vllm.v1.worker.stage_timing import StageTimer
-
-    a = torch.randn(4096, 4096, device="cuda")
-
-    def stage(batch: Any) -> torch.Tensor:
-        for _ in range(20):
-            b = a @ a
-        return b
-
-    timer = StageTimer(stage, use_cuda_events=True, pp_rank=lambda: 0)
-    with caplog.at_level(logging.INFO):
-        for _ in range(3):
-            timer(scheduler_output(16))
-        torch.cuda.synchronize()
-        timer(scheduler_output(0))  # the next step reports the ones that finished meanwhile
-    lines = _lines(caplog)
-    assert [(rank, step, tokens) for rank, step, tokens, _ in lines] == [(0, 1, 16), (0, 2, 16), (0, 3, 16)]
-    assert all(ms > 0.0 for *_, ms in lines)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -10,18 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
+from testing.stagelog import trace_events
 from testing.worker import scheduler_output
 
 ENV = "VLLM_STAGE_TRACE"
-
-
-def _events(path: Path) -> list[dict[str, Any]]:
-    """The trace file as a consumer reads it: a JSON array whose closing bracket may be missing."""
-    text = path.read_text()
-    assert text.startswith("[\n")
-    return json.loads(text.rstrip().rstrip(",") + "]")
 
 
 def _timer(stage: Any, folder: Path, pp_rank: int) -> Any:
@@ -84,7 +76,7 @@ def test_trace_is_one_timeline_event_per_step_per_stage(tmp_path: Path, caplog: 
     files = sorted(tmp_path.glob("stage_trace.pp*.json"))
     assert [f.name for f in files] == [f"stage_trace.pp{rank}.{os.getpid()}.json" for rank in (0, 1)]
     for rank, path in enumerate(files):
-        meta, *steps = _events(path)
+        meta, *steps = trace_events(path)
         assert meta == {"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"pp_rank {rank}"}}
         # Steps without tokens are counted, not traced.
         assert [(e["name"], e["ph"], e["pid"], e["tid"], e["args"]) for e in steps] == [
@@ -108,32 +100,6 @@ def test_timing_and_trace_together_log_and_trace_the_same_steps(tmp_path: Path,
     assert [r.getMessage().split(" ms=")[0] for r in caplog.records if "stage_timing" in r.getMessage()] == [
         "stage_timing pp_rank=0 step=1 tokens=5"]
     (path,) = tmp_path.glob("stage_trace.pp0.*.json")
-    assert [e["args"] for e in _events(path)[1:]] == [{"step": 1, "tokens": 5}]
+    assert [e["args"] for e in trace_events(path)[1:]] == [{"step": 1, "tokens": 5}]
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the CUDA-event clock)")
-def test_cuda_steps_are_placed_on_the_wall_clock(tmp_path: Path) -> None:
-    from vllm.v1.worker.stage_timing import StageTimer, trace_writer
-
-    a = torch.randn(4096, 4096, device="cuda")
-
-    def stage(batch: Any) -> torch.Tensor:
-        for _ in range(20):
-            b = a @ a
-        return b
-
-    timer = StageTimer(stage, use_cuda_events=True, pp_rank=lambda: 0, log_lines=False,
-                       trace=trace_writer(str(tmp_path)))
-    before_us = time.time() * 1e6
-    for _ in range(3):
-        timer(scheduler_output(16))
-    torch.cuda.synchronize()
-    after_us = time.time() * 1e6
-    timer(scheduler_output(0))  # the next step writes the ones that finished meanwhile
-    (path,) = tmp_path.glob("stage_trace.pp0.*.json")
-    steps = _events(path)[1:]
-    assert [e["args"]["step"] for e in steps] == [1, 2, 3]
-    assert all(e["dur"] > 0 for e in steps)
-    assert all(before_us - 1_000 <= e["ts"] <= after_us for e in steps)
-    assert all(x["ts"] + x["dur"] <= y["ts"] + 1 for x, y in zip(steps, steps[1:]))
