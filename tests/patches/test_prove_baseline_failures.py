@@ -22,6 +22,7 @@ from rigstack.output.proofs import print_proof
 from rigstack.stack import load_stack
 from rigstack.versions import REPO_ROOT
 
+pytestmark = pytest.mark.usefixtures("cpu_hungry")  # testing/serial.py: not beside the fleet and replicas files
 PRISTINE = os.environ.get("RIGSTACK_PRISTINE_VLLM")
 PATCHED = os.environ.get("RIGSTACK_PATCHED_VLLM")
 needs_patched = pytest.mark.skipif(not PATCHED, reason="set RIGSTACK_PATCHED_VLLM to a patched vllm package folder "
