@@ -19,12 +19,10 @@ from vllm.config import CacheConfig
 from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator, MambaStateShapeCalculator
 from vllm.utils.math_utils import cdiv
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
-from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.kv_cache_interface import MambaSpec
 
 # Models whose ModelConfig.is_hybrid is True; their configs mark the state layers "linear_attention" in layer_types.
 HYBRID = ("Glm5NextForCausalLM", "GraniteMoeHybridForCausalLM")
-_CPU_BACKEND = "vllm.v1.attention.backends.cpu_attn:CPUAttentionBackend"
 
 
 def is_state_layer(text: Any, layer: int) -> bool:
@@ -67,24 +65,13 @@ def state_spec(setup: Any, text: Any, block_size: int, page_size_padded: int | N
                      num_prefill_checkpoint_blocks=int(mamba2), prefill_checkpoint_alignment=1 if mamba2 else None)
 
 
-def _kernel_block_sizes(setup: Any) -> tuple[int, ...]:
-    """The smallest kernel block of each attention backend: the CPU backend's own declaration on the twin."""
-    if not setup.cpu:
-        return setup.kernel_block_sizes
-    import importlib
-
-    module, name = _CPU_BACKEND.split(":")
-    sizes = getattr(importlib.import_module(module), name).get_supported_kernel_block_sizes()
-    return (min(s.base if isinstance(s, MultipleOf) else s for s in sizes),)
-
-
-def align_block(setup: Any, text: Any, attn_page_1: int, mla: bool) -> tuple[int, int | None]:
+def align_block(setup: Any, text: Any, attn_page_1: int, mla: bool, kernels: tuple[int, ...]) -> tuple[int, int | None]:
     """Platform._align_hybrid_block_size (platforms/interface.py): the smallest block, a multiple of the kernel
-    block (and of 128 for MLA), whose attention page (`attn_page_1` bytes a token) holds the state, and the state's
-    page padded to it (None where equal). The align mode's checkpoint alignment is 1: neither KDA nor Mamba2 layers
-    declare one (MambaBase.get_prefill_checkpoint_alignment)."""
+    block (the smallest of each attention backend, `kernels`; and of 128 for MLA), whose attention page
+    (`attn_page_1` bytes a token) holds the state, and the state's page padded to it (None where equal). The align
+    mode's checkpoint alignment is 1: neither KDA nor Mamba2 layers declare one
+    (MambaBase.get_prefill_checkpoint_alignment)."""
     state = state_spec(setup, text, -1, None).page_size_bytes
-    kernels = _kernel_block_sizes(setup)
     user = setup.block_size or CacheConfig.DEFAULT_BLOCK_SIZE
     kernel = max(max(kernels), user, 128 if mla else 0)
     block = kernel * cdiv(state, kernel * attn_page_1)

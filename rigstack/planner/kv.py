@@ -20,6 +20,7 @@ import torch
 from vllm.config import AttentionConfig, CacheConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
 from vllm.utils.math_utils import cdiv, next_power_of_2
 from vllm.utils.torch_utils import STR_DTYPE_TO_TORCH_DTYPE
+from vllm.v1.attention.backend import MultipleOf
 from vllm.v1.attention.backends.utils import get_supported_kv_cache_layouts, resolve_kv_cache_layout
 from vllm.v1.core import kv_cache_planning as kvp
 from vllm.v1.core import kv_cache_utils as kvu
@@ -225,7 +226,6 @@ def _flash_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, 
     return specs
 
 
-
 def _granite_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str, KVCacheSpec]:
     """GraniteMoeHybridForCausalLM (models/granitemoehybrid.py): MambaMixer2 layers hold a state, the others full
     attention (Attention.get_kv_cache_spec) at the block the state's page sets."""
@@ -237,12 +237,17 @@ def _granite_specs(setup: KvSetup, text: Any, first: int, last: int) -> dict[str
 
 
 def hybrid_block(setup: KvSetup, text: Any) -> tuple[int, int | None]:
-    """hybrid.align_block over the page one token takes in the model's attention layers."""
+    """hybrid.align_block over the page one token takes in the model's attention layers and their backends' smallest
+    kernel blocks (on the twin, what the CPU backend declares; on a rig, the profile's planner.kernel_block_sizes)."""
+    kernels = setup.kernel_block_sizes
+    if setup.cpu:
+        sizes = _backend(_CPU_BACKENDS[0]).get_supported_kernel_block_sizes()
+        kernels = (min(s.base if isinstance(s, MultipleOf) else s for s in sizes),)
     if setup.architecture == "Glm5NextForCausalLM":
         return hybrid.align_block(setup, text, _mla_spec(setup, text.kv_lora_rank + text.qk_rope_head_dim, 1,
-                                                         False).page_size_bytes, mla=True)
+                                                         False).page_size_bytes, True, kernels)
     one = next(iter(_dense_specs(replace(setup, block_size=1), text, 0, 1).values()))
-    return hybrid.align_block(setup, text, one.page_size_bytes, mla=False)
+    return hybrid.align_block(setup, text, one.page_size_bytes, False, kernels)
 
 
 # The drafter's attention backend on the GPU rigs: DFlash needs non-causal attention, which FlashAttention gives on
