@@ -37,11 +37,23 @@ COMMON = "vllm/v1/attention/ops/common.py"
 COMMUNICATORS = "vllm/distributed/device_communicators/"
 HOST_COLLECTIVES = ("host_collectives", "host_collectives_triton")
 STAGE_TIMING = "vllm/v1/worker/stage_timing.py"
+STAND_INS = "rigstack.bench.vllm_stand_ins"
 # The stage timer's vLLM imports and what stands in for them (its platform question answered by torch).
 _STAGE_TIMING_IMPORTS = (
     ("from vllm.logger import init_logger\n", "from logging import getLogger as init_logger\n"),
-    ("from vllm.platforms import current_platform\n",
-     "\n\nclass current_platform:\n    is_cuda_alike = staticmethod(torch.cuda.is_available)\n"))
+    ("from vllm.platforms import current_platform\n", f"from {STAND_INS} import CudaPlatform as current_platform\n"))
+INDEXER_TOPK = "vllm/model_executor/layers/indexer_topk.py"
+# vLLM's compiled CUDA ops (its top-k kernels among them), a file of the pinned GPU package.
+CUDA_OPS = "_C_stable_libtorch.abi3.so"
+# The decode top-k dispatcher's: the ops are the compiled library's own (vLLM's wrappers pass their arguments
+# straight on); the config is never read, as the tests name the backend.
+_INDEXER_TOPK_IMPORTS = (
+    ("from vllm import _custom_ops as ops\n", "ops = torch.ops._C\n"),
+    ("from vllm.config import get_current_vllm_config\n", ""),
+    ("from vllm.platforms import current_platform\n", f"from {STAND_INS} import CudaPlatform as current_platform\n"),
+    ("from vllm.utils.flashinfer import has_flashinfer\n", f"from {STAND_INS} import has_flashinfer\n"),
+    ("from vllm.v1.worker.workspace import current_workspace_manager\n",
+     f"from {STAND_INS} import WorkspaceManager as current_workspace_manager\n"))
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 
 
@@ -163,13 +175,45 @@ def load_stage_timing() -> types.ModuleType:
     """Patches 0003 and 0012's stage timer without vLLM (the GPU machine has none): its two vLLM imports, the logger
     and the platform's CUDA check, become the standard library's logger and torch's own check; the clock, the log
     lines and the trace are the package's code."""
-    src = source(STAGE_TIMING)
-    for vllm_import, plain in _STAGE_TIMING_IMPORTS:
-        if vllm_import not in src:
-            raise FileNotFoundError(f"{STAGE_TIMING} no longer imports {vllm_import.strip()!r}: update "
-                                    "load_stage_timing")
-        src = src.replace(vllm_import, plain)
+    src = _stand_in(STAGE_TIMING, source(STAGE_TIMING), _STAGE_TIMING_IMPORTS, "load_stage_timing")
     return _import_private("stage_timing", {"stage_timing": src}, interpret=False).stage_timing
+
+
+def _stand_in(path: str, src: str, imports: tuple[tuple[str, str], ...], loader: str) -> str:
+    for vllm_import, plain in imports:
+        if vllm_import not in src:
+            raise FileNotFoundError(f"{path} no longer imports {vllm_import.strip()!r}: update {loader}")
+        src = src.replace(vllm_import, plain)
+    return src
+
+
+def cuda_ops_library() -> Path:
+    """vLLM's compiled CUDA ops: the importable package's, else (or with RIGSTACK_SM8X_SOURCE=patches) the pinned
+    package's in RIGSTACK_VLLM_BASE."""
+    package = installed_package()
+    if package is None or os.environ.get("RIGSTACK_SM8X_SOURCE") == "patches":
+        package = _base_dir()
+    if package is None or not (package / CUDA_OPS).is_file():
+        raise FileNotFoundError(f"no {CUDA_OPS} in {package or 'RIGSTACK_VLLM_BASE (unset)'}: point "
+                                "RIGSTACK_VLLM_BASE at the pinned GPU package (python3 apply.py apply --until 0000 "
+                                "--out DIR; DIR/vllm)")
+    return package / CUDA_OPS
+
+
+def load_indexer_topk() -> types.ModuleType:
+    """Patch 0007's decode top-k dispatcher (SparseIndexerTopk, the canonical order) without importing vLLM: its five
+    vLLM imports stand in as _INDEXER_TOPK_IMPORTS says. Its CUDA backends need load_cuda_ops() first; the torch
+    backend runs anywhere."""
+    src = _stand_in(INDEXER_TOPK, source(INDEXER_TOPK), _INDEXER_TOPK_IMPORTS, "load_indexer_topk")
+    return _import_private("indexer_topk", {"indexer_topk": src}, interpret=False).indexer_topk
+
+
+def load_cuda_ops() -> None:
+    """Register vLLM's compiled CUDA ops (cuda_ops_library()) in torch.ops._C, once a process."""
+    import torch
+
+    if not hasattr(torch.ops._C, "top_k_per_row_decode"):
+        torch.ops.load_library(str(cuda_ops_library()))
 
 
 def load_host_collectives() -> types.SimpleNamespace:

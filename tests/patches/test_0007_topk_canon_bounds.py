@@ -4,10 +4,9 @@ pool-id bounds check (VLLM_SPARSE_INDEX_CHECK=1).
 The canonical form is checked against a brute-force reference on CPU, through
 the real SparseIndexerTopk dispatcher (its "torch" backend runs on CPU). The
 bounds check is exercised through the real expand_pools_and_append_tail, which
-must raise before its (GPU-only) Triton kernel would read anything. The `gpu`
-test runs the real per_row CUDA top-k with the canonical switch on (it needs
-vLLM's CUDA build); the expand kernel's is in the kernel tier
-(tests/kernels/test_0007_expand_device.py), which runs without vLLM.
+must raise before its (GPU-only) Triton kernel would read anything. The GPU
+tests (vLLM's CUDA top-k kernels under the switch, the expand kernel with the
+check) are in the kernel tier, tests/kernels/test_0007_device.py.
 """
 
 from __future__ import annotations
@@ -18,32 +17,15 @@ import torch
 from vllm.model_executor.layers import indexer_topk
 from vllm.models.glm5next.nvidia.ops import kpool_compress
 
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-def _reference(logits: torch.Tensor, row_ends: list[int], counts: list[int], k: int):
-    """Brute force: the `count` best valid columns, ties to the lower column,
-    ascending, then -1."""
-    out = []
-    for row, (end, count) in enumerate(zip(row_ends, counts)):
-        ranked = sorted(range(end), key=lambda c: (-float(logits[row, c]), c))
-        chosen = sorted(ranked[:count])
-        out.append(chosen + [-1] * (k - len(chosen)))
-    return torch.tensor(out, dtype=torch.int32)
-
-
-def _tied_logits(rows: int, width: int, seed: int) -> torch.Tensor:
-    # Few distinct values, so many ties straddle the top-k cut.
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randint(0, 4, (rows, width), generator=gen).to(torch.float32)
+from testing.topk_reference import canonical_topk, tied_logits
 
 
 def test_any_valid_kernel_output_maps_to_the_canonical_row():
     rows, width, k = 6, 40, 8
-    logits = _tied_logits(rows, width, seed=1)
+    logits = tied_logits(rows, width, seed=1)
     row_ends = [40, 25, 8, 5, 0, 13]
     counts = [min(k, end) for end in row_ends]
-    want = _reference(logits, row_ends, counts, k)
+    want = canonical_topk(logits, row_ends, counts, k)
     ends = torch.tensor(row_ends, dtype=torch.int32)
     gen = torch.Generator().manual_seed(7)
     for _ in range(5):
@@ -84,7 +66,7 @@ def _decode_topk(monkeypatch, canon: bool, logits, seq_lens, k):
 
 def _decode_case():
     k = 8
-    logits = _tied_logits(4, 64, seed=3)
+    logits = tied_logits(4, 64, seed=3)
     seq_lens = torch.tensor([[64], [30], [9], [3]], dtype=torch.int32)
     ends = [64, 30, 9, 3]
     return k, logits, seq_lens, ends
@@ -110,7 +92,7 @@ def test_switch_makes_the_dispatcher_output_canonical(monkeypatch):
     counts = [min(k, e) for e in ends]
     plain = _decode_topk(monkeypatch, False, logits, seq_lens, k)
     canon = _decode_topk(monkeypatch, True, logits, seq_lens, k)
-    assert torch.equal(canon, _reference(logits, ends, counts, k))
+    assert torch.equal(canon, canonical_topk(logits, ends, counts, k))
     # Same scores as the backend chose; only tie members and order differ.
     for row in range(4):
         n = counts[row]
@@ -147,21 +129,3 @@ def test_out_of_bounds_pool_id_fails_loudly(monkeypatch):
         kpool_compress.check_pool_ids_in_bounds(
             torch.tensor([[-3]], dtype=torch.int32), seq_lens, 16
         )
-
-
-@pytest.mark.gpu
-@needs_cuda
-def test_gpu_per_row_kernel_is_canonical_under_the_switch(monkeypatch):
-    k = 2048  # the width the decode kernels are built for
-    logits = _tied_logits(8, 4096, seed=5).cuda()
-    seq_lens = torch.tensor(
-        [[4096], [3000], [2048], [2049], [3], [4000], [128], [2500]], dtype=torch.int32
-    ).cuda()
-    ends = seq_lens.flatten().tolist()
-    monkeypatch.setenv("GLM53_TOPK_CANON", "1")
-    want = _reference(logits.cpu(), ends, [min(k, e) for e in ends], k)
-    for backend in ("per_row", "torch"):
-        topk = indexer_topk.SparseIndexerTopk(backend)
-        out = torch.empty((8, k), dtype=torch.int32, device="cuda")
-        topk(logits, seq_lens, 1, out, k, int(seq_lens.max()))
-        assert torch.equal(out.cpu(), want), backend
