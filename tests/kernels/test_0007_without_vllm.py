@@ -92,10 +92,11 @@ def test_gpu_decode_topk_kernels_are_canonical_under_the_switch(indexer_topk, mo
 def test_gpu_canonical_topk_replays_in_a_cuda_graph(indexer_topk, monkeypatch) -> None:
     # No host sync in the kernel or the canonical pass: captured once, a replay on new scores gives their rows.
     monkeypatch.setenv("GLM53_TOPK_CANON", "1")
-    _, _, want = _case(seed=11)
-    for backend in _runnable(indexer_topk, _case(seed=5)[0]):
-        logits, seq_lens, _ = _case(seed=5)
-        max_seq_len = int(seq_lens.max())  # a host value, read before the capture
+    first, seq_lens, _ = _case(seed=5)
+    new_logits, _, want = _case(seed=11)
+    max_seq_len = int(seq_lens.max())  # a host value, read before the capture
+    for backend in _runnable(indexer_topk, first):
+        logits = first.clone()  # the graph's input buffer, refilled below
         topk = indexer_topk.SparseIndexerTopk(backend)
         out = torch.empty((logits.shape[0], K), dtype=torch.int32, device="cuda")
         side = torch.cuda.Stream()
@@ -106,7 +107,7 @@ def test_gpu_canonical_topk_replays_in_a_cuda_graph(indexer_topk, monkeypatch) -
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             topk(logits, seq_lens, 1, out, K, max_seq_len)
-        logits.copy_(_case(seed=11)[0])
+        logits.copy_(new_logits)
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(out.cpu(), want), backend
