@@ -52,11 +52,16 @@ def _run(args: list[str], env: dict[str, str], timeout: float) -> subprocess.Com
                           text=True, timeout=timeout, check=False)
 
 
+def _metrics(url: str, *names: str) -> list[int]:
+    """This engine's own Prometheus series `names` (summed over their labels), read in one scrape."""
+    lines = httpx.get(url + "/metrics", timeout=10).text.splitlines()
+    return [int(sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(f"vllm:{name}{{")))
+            for name in names]
+
+
 def _served(url: str) -> int:
-    """Requests this engine finished, from its own Prometheus counter."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:request_success_total{")))
+    """Requests this engine finished, from its own counter."""
+    return _metrics(url, "request_success_total")[0]
 
 
 def _post(url: str, path: str, payload: dict[str, Any]) -> httpx.Response:
@@ -431,13 +436,6 @@ def test_a_paused_replica_leaves_rotation_and_comes_back_when_healthy(fleet: dic
     assert all(count > 0 for count in reached.values()), figures
 
 
-def _running(url: str) -> int:
-    """Requests this engine is running now, from its own gauge."""
-    text = httpx.get(url + "/metrics", timeout=10).text
-    return int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-                   if line.startswith("vllm:num_requests_running{")))
-
-
 @pytest.mark.server
 def test_a_killed_replica_leaves_rotation_and_its_model_keeps_answering(fleet: dict[str, Any]) -> None:
     """The kill under load, through both gateways at once (issue 37 item 2): the requests are submitted alternately
@@ -464,12 +462,15 @@ def test_a_killed_replica_leaves_rotation_and_its_model_keeps_answering(fleet: d
             return {name: sum(1 for job in started if job[0] == name and not futures[job].done()) for name in gateways}
 
         gauges: list[list[int]] = []
-        _wait(lambda: gauges.append([_running(url) for url in replicas]) or  # noqa: B023
+        _wait(lambda: gauges.append([_metrics(url, "num_requests_running")[0] for url in replicas]) or  # noqa: B023
               (max(gauges[-1]) > 0 and min(in_flight().values()) > 0), OUT_OF_ROTATION_LIMIT_S)
         index = gauges[-1].index(max(gauges[-1]))
         victim = process.running(fleet["run_dir"] / "pool-0" / f"replica-{index}")
         assert victim is not None
-        flying, victim_served = in_flight(), _served(replicas[index]) - served_before[index]
+        flying = in_flight()
+        # One scrape just before the kill: a request running then may still finish, uncounted, before SIGKILL lands.
+        victim_served, victim_running = _metrics(replicas[index], "request_success_total", "num_requests_running")
+        victim_served -= served_before[index]
         killed = time.monotonic()
         os.killpg(victim.pgid, signal.SIGKILL)  # mid-load: a crash, not a clean stop
         left: dict[str, float] = {}
@@ -489,14 +490,17 @@ def test_a_killed_replica_leaves_rotation_and_its_model_keeps_answering(fleet: d
                        _served(survivor) - before)
     figures = {"load_requests_per_gateway": LOAD, "victim": index, "victim_running_at_kill": gauges[-1][index],
                "in_flight_at_kill": flying, "out_of_rotation_after_kill_s": left, "lost": len(wrong),
-               "lost_how": wrong, "served": {"victim_before_kill": victim_served, "survivor": survivor_served},
+               "lost_how": wrong, "served": {"victim_before_kill": victim_served, "victim_running_then": victim_running,
+                                             "survivor": survivor_served},
                "after": {name: {"answered": found.count(200), "on_survivor": on} for name, (found, on) in
                          after.items()},
                "tiny_b_touched": _served(engine_b) - b_before}
     print("FIGURES kill", json.dumps(figures))
     assert min(flying.values()) > 0 and gauges[-1][index] > 0, figures
     assert not wrong, figures  # README's contract: 0 lost
-    # Every answer was finished by one of the two engines; a request retried after the kill may count twice.
-    assert victim_served + survivor_served >= len(jobs), figures
+    # Every answer was finished by one of the two engines: counted by the victim before the kill, running on it then
+    # (it may have finished uncounted in the moment before SIGKILL), or counted by the survivor. A request retried
+    # after the kill may count twice. (One CI run: 29 counted + 17 survivor for 48, with 2 running at the gauge read.)
+    assert victim_served + victim_running + survivor_served >= len(jobs), figures
     assert all(found == ([200] * 8, 8) for found in after.values()), figures
     assert figures["tiny_b_touched"] == 0, figures
